@@ -1,0 +1,279 @@
+"""KVCacheManager: per-sequence page tables over the PagePool and the PrefixCache.
+
+    page table (seq 7)      pool                                    prefix cache
+    [ 3 | 9 | 12 ]  ---->   page 3  rc=2  full, registered  <---->  entry(parent=root, tokens 0..15)
+    [ 3 | 5 ]       ---->   page 9  rc=1  full, registered  <---->  entry(parent=3's entry, ...)
+    (seq 8)                 page 12 rc=1  private tail: the only page seq 7 writes
+                            page 5  rc=1  private tail of seq 8 (filled by a PageCopy from 9)
+                            page 4  rc=0  cached (registered, evictable)   page 6 rc=0 free
+
+Rules: only a page with refcount 1 owned by one sequence is ever written (its tail, at positions
+>= num_committed); shared pages are full and immutable; a prompt always leaves >= 1 token to
+compute; allocation is all-or-nothing. Copy-on-write sources are *pinned* (refcount + 1) from
+admit() until release_pins(), which the scheduler calls in on_step_done, after the runner has
+executed the step's copies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvshare.core.eviction import EvictionPolicy
+from kvshare.core.page_pool import PagePool
+from kvshare.core.prefix_cache import CachedPage, HashFn, PrefixCache, PrefixMatch, PrefixNode, blake2b_128
+from kvshare.core.types import PageCopy, PoolStats
+
+log = logging.getLogger("kvshare.core")
+
+# Chosen with perf/core/page_size_tuner.py; see docs/core.md.
+DEFAULT_PAGE_SIZE = 16
+
+
+@dataclass(frozen=True)
+class Admission:
+    num_cached_tokens: int  # prompt tokens served from the cache (shared pages + copied run)
+    num_tokens: int  # tokens of the first chunk to compute, starting at num_cached_tokens
+    copy: PageCopy | None  # copy on write to run before the forward
+
+
+@dataclass
+class _SeqPages:
+    salt: bytes
+    table: list[int]
+    chain: list[CachedPage]  # chain[j] verifies the content of table[j] (may be a duplicate's entry)
+    num_committed: int
+    registrable: bool = True  # False once the chain broke (collision, dropped parent)
+    pins: list[int] = field(default_factory=list)
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        *,
+        policy: EvictionPolicy | str = "lru",
+        enable_prefix_caching: bool = True,
+        hash_fn: HashFn = blake2b_128,
+        max_partial_candidates: int = 8,
+        low_watermark: float = 0.05,
+    ) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = PagePool(num_pages, policy, on_evict=self._on_evict)
+        self.prefix = PrefixCache(
+            page_size, hash_fn=hash_fn, max_partial_candidates=max_partial_candidates, on_drop=self._on_drop
+        )
+        self.low_watermark_pages = int(low_watermark * num_pages)
+        self._watermark_armed = True
+        self._seqs: dict[int, _SeqPages] = {}
+        self._pins: list[int] = []
+        self.prefix_queries_tokens_total = 0
+        self.prefix_hits_tokens_total = 0
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._seqs)
+
+    def has(self, seq_id: int) -> bool:
+        return seq_id in self._seqs
+
+    def page_table(self, seq_id: int) -> tuple[int, ...]:
+        record = self._seqs.get(seq_id)
+        return tuple(record.table) if record else ()
+
+    def capacity_tokens(self, seq_id: int) -> int:
+        """Tokens the sequence could hold right now if it took every allocatable page."""
+        return (len(self._seqs[seq_id].table) + self.pool.num_allocatable) * self.page_size
+
+    def stats(self) -> PoolStats:
+        pool = self.pool
+        return PoolStats(
+            total=pool.num_pages,
+            free=pool.num_free,
+            active=pool.num_active,
+            cached=pool.num_cached,
+            evictions_total=pool.evictions_total,
+            prefix_queries_tokens_total=self.prefix_queries_tokens_total,
+            prefix_hits_tokens_total=self.prefix_hits_tokens_total,
+            preemptions_total=0,
+        )
+
+    # -- lifecycle of a sequence's pages -------------------------------------------------------
+
+    def admit(
+        self, seq_id: int, token_ids: Sequence[int], salt: bytes, *, token_budget: int, reserve_pages: int = 0
+    ) -> Admission | None:
+        """Give a new (or preempted) sequence its cached prefix and pages for its first chunk.
+
+        Returns None, changing nothing, if the chunk's pages would leave fewer than reserve_pages
+        allocatable. The lookup is capped at len(token_ids) - 1 so the last token is computed.
+        """
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id} already holds pages")
+        if token_budget < 1 or not token_ids:
+            return None
+        match = self._match(token_ids, salt)
+        plan = self._fit(match, len(token_ids), token_budget, reserve_pages)
+        if plan is None and match.partial is not None:
+            # The pinned copy source costs one page for a step: without it, a request as large
+            # as the whole pool could never be admitted.
+            match = PrefixMatch(match.full)
+            plan = self._fit(match, len(token_ids), token_budget, reserve_pages)
+        if plan is None:
+            return None
+        num_cached, num_tokens, need, hit_pages = plan
+        for page in hit_pages:  # retain first: the allocation below must not evict a hit
+            self.pool.touch(page)
+            self.pool.retain(page)
+        fresh = self.pool.allocate(need)
+        copy = None
+        if match.partial is not None:
+            copy = PageCopy(match.partial.page, fresh[0], match.partial_tokens)
+            self._pins.append(match.partial.page)
+        table = [entry.page for entry in match.full] + fresh
+        self._seqs[seq_id] = _SeqPages(salt, table, list(match.full), num_committed=num_cached)
+        self.prefix_queries_tokens_total += len(token_ids)
+        self.prefix_hits_tokens_total += num_cached
+        self._check_watermark()
+        return Admission(num_cached, num_tokens, copy)
+
+    def extend(self, seq_id: int, num_tokens: int) -> bool:
+        """Grow the page table to hold num_tokens tokens; False (changing nothing) if it can't."""
+        record = self._seqs[seq_id]
+        need = self.pages_for(num_tokens) - len(record.table)
+        if need <= 0:
+            return True
+        if need > self.pool.num_allocatable:
+            return False
+        record.table.extend(self.pool.allocate(need))
+        self._check_watermark()
+        return True
+
+    def commit(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
+        """The KV of token_ids[:num_computed] is in the pages: register the newly full ones."""
+        record = self._seqs[seq_id]
+        assert num_computed <= len(record.table) * self.page_size, (
+            f"seq {seq_id}: {num_computed} tokens computed into {len(record.table)} pages"
+        )
+        record.num_committed = num_computed
+        if not (self.enable_prefix_caching and record.registrable):
+            return
+        size = self.page_size
+        while (len(record.chain) + 1) * size <= num_computed + 1:
+            index = len(record.chain)
+            tokens = token_ids[index * size : (index + 1) * size]
+            page = record.table[index]
+            entry = self.prefix.register_full(self._parent(record), record.salt, tokens, page)
+            if entry is None:
+                record.registrable = False
+                return
+            if entry.page == page:
+                self.pool.mark_reusable(page)
+            record.chain.append(entry)
+
+    def free(self, seq_id: int, token_ids: Sequence[int] | None = None) -> None:
+        """Release every page of the sequence (idempotent). With token_ids, keep its partial tail."""
+        record = self._seqs.pop(seq_id, None)
+        if record is None:
+            return
+        if token_ids is not None:
+            self._register_tail(record, token_ids)
+        # Children first, so recency-based policies evict a chain from its tail, not its root.
+        for page in reversed(record.table):
+            self.pool.release(page)
+
+    def release_pins(self) -> None:
+        """The step's copies ran: copy-on-write sources may be evicted again."""
+        pins, self._pins = self._pins, []
+        self.pool.release_all(pins)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _fit(
+        self, match: PrefixMatch, num_prompt: int, token_budget: int, reserve_pages: int
+    ) -> tuple[int, int, int, list[int]] | None:
+        """(cached tokens, chunk tokens, fresh pages, hit pages) if the admission fits, else None."""
+        num_cached = match.num_tokens(self.page_size)
+        num_tokens = min(num_prompt - num_cached, token_budget)
+        need = self.pages_for(num_cached + num_tokens) - len(match.full)
+        hit_pages = [entry.page for entry in match.full]
+        if match.partial is not None:
+            hit_pages.append(match.partial.page)
+        revived = sum(1 for page in hit_pages if self.pool.refcount(page) == 0)
+        if need + reserve_pages > self.pool.num_allocatable - revived:
+            return None
+        return num_cached, num_tokens, need, hit_pages
+
+    def _match(self, token_ids: Sequence[int], salt: bytes) -> PrefixMatch:
+        if not self.enable_prefix_caching:
+            return PrefixMatch()
+        return self.prefix.match(token_ids, salt, max_tokens=len(token_ids) - 1)
+
+    def _parent(self, record: _SeqPages) -> PrefixNode:
+        return record.chain[-1] if record.chain else self.prefix.root(record.salt)
+
+    def _register_tail(self, record: _SeqPages, token_ids: Sequence[int]) -> None:
+        size = self.page_size
+        index, used = divmod(record.num_committed, size)
+        if not (self.enable_prefix_caching and record.registrable and used and index == len(record.chain)):
+            return
+        page = record.table[index]
+        tokens = token_ids[index * size : index * size + used]
+        if self.prefix.register_partial(self._parent(record), record.salt, tokens, page):
+            self.pool.mark_reusable(page)
+
+    def _on_evict(self, page: int) -> None:
+        self.prefix.drop(page)
+
+    def _on_drop(self, page: int) -> None:
+        self.pool.unmark_reusable(page)
+
+    def _check_watermark(self) -> None:
+        allocatable = self.pool.num_allocatable
+        if allocatable >= 2 * self.low_watermark_pages:
+            self._watermark_armed = True  # hysteresis: one warning per dip, not one per step
+        elif allocatable < self.low_watermark_pages and self._watermark_armed:
+            self._watermark_armed = False
+            log.warning("KV pool below its low watermark (%d pages): %s", self.low_watermark_pages, self.describe())
+
+    def describe(self, top: int = 3) -> str:
+        holders = sorted(self._seqs.items(), key=lambda item: len(item[1].table), reverse=True)[:top]
+        listed = ", ".join(f"seq {seq_id}: {len(r.table)} pages" for seq_id, r in holders)
+        return (
+            f"{self.pool.describe()} pins={len(self._pins)} sequences={len(self._seqs)} "
+            f"prefix_entries={len(self.prefix)} top holders: [{listed}]"
+        )
+
+    def check_integrity(self) -> None:
+        """O(num_pages + table entries): pool, prefix index, and who references what."""
+        self.pool.check_integrity()
+        self.prefix.check_integrity()
+        refs: Counter[int] = Counter(self._pins)
+        for seq_id, record in self._seqs.items():
+            refs.update(record.table)
+            assert len(set(record.table)) == len(record.table), f"seq {seq_id} lists a page twice: {record.table}"
+            assert record.num_committed <= len(record.table) * self.page_size, f"seq {seq_id}: table too short"
+            assert len(record.chain) <= len(record.table), f"seq {seq_id}: chain longer than table"
+            for entry in record.chain:
+                assert entry.is_full, f"seq {seq_id}: partial entry {entry!r} in its chain"
+            for page in record.table[record.num_committed // self.page_size :]:
+                count = self.pool.refcount(page)
+                assert count == 1, f"seq {seq_id}: writable page {page} has refcount {count} (must be private)"
+        for page in range(self.pool.num_pages):
+            count = self.pool.refcount(page)
+            assert count == refs[page], f"page {page}: refcount {count} but {refs[page]} table/pin references"
+            registered = self.prefix.entry_of(page) is not None
+            assert registered == self.pool.is_reusable(page), (
+                f"page {page}: registered={registered} but reusable={self.pool.is_reusable(page)}"
+            )

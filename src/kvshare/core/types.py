@@ -1,0 +1,77 @@
+"""Frozen value types that cross from kvshare.core into the engine (see docs/interfaces.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PageCopy:
+    """Copy-on-write: copy page `src` into the private page `dst` before the step's forward.
+
+    Only the first `num_tokens` slots matter; copying the whole page (what
+    kvshare_kernels.copy_pages does) is harmless because the remaining slots of `dst`
+    are beyond the sequence's context until its own prefill overwrites them.
+    """
+
+    src: int
+    dst: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """Counters behind the kvshare_kv_* / kvshare_prefix_cache_* Prometheus metrics.
+
+    total == free + active + cached at all times.
+    """
+
+    total: int
+    free: int
+    active: int
+    cached: int
+    evictions_total: int
+    prefix_queries_tokens_total: int
+    prefix_hits_tokens_total: int
+    preemptions_total: int
+
+    @property
+    def allocatable(self) -> int:
+        return self.free + self.cached
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        queries = self.prefix_queries_tokens_total
+        return self.prefix_hits_tokens_total / queries if queries else 0.0
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Compute the KV of tokens all_ids[start:start+num_tokens] at positions start.. .
+
+    samples is True when the chunk reaches the sequence's last token, so the runner
+    samples one new token for it and passes it to Scheduler.on_step_done.
+    """
+
+    seq_id: int
+    start: int
+    num_tokens: int
+    samples: bool
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything the runner must do for one engine step, in order: copies, then the forward."""
+
+    chunks: tuple[ScheduledChunk, ...] = ()  # prefill chunks first, then decodes (num_tokens == 1)
+    copies: tuple[PageCopy, ...] = ()  # copy-on-write copies to run BEFORE the forward
+    preempted: tuple[int, ...] = ()  # seq ids moved back to waiting (pages freed; recomputed later)
+    rejected: tuple[tuple[int, str], ...] = ()  # seq ids that can never fit, with a message
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.chunks or self.copies or self.preempted or self.rejected)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)

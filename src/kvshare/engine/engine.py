@@ -1,0 +1,211 @@
+"""The LLM engine: requests in, token/text deltas out, one continuous-batching step at a time.
+
+    schedule (kvshare.core)  ->  copy pages + forward + sample (kvshare.runtime)  ->  detokenize, stop, finish
+
+Single-threaded by design: EngineLoop owns it on one thread; nothing here locks.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..core.kv_cache_manager import KVCacheManager
+from ..core.scheduler import Scheduler
+from ..core.types import PoolStats
+from ..runtime.kv_cache import KVCache, pages_for_memory
+from ..runtime.llama import LlamaModel
+from ..runtime.model_runner import ChunkInput, ModelRunner
+from ..runtime.sampler import Sampler, SamplingRow
+from ..runtime.weights import LoadedModel, load_model
+from ..sampling_params import SamplingParams
+from .detokenizer import IncrementalDetokenizer
+from .engine_config import EngineConfig
+from .outputs import InvalidRequest, RequestOutput
+from .request_state import RequestState
+
+log = logging.getLogger("kvshare.engine")
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    pool: PoolStats
+    requests_running: int
+    requests_waiting: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+        if config.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got '{config.dtype}'")
+        self.config = config
+        dtype = _DTYPES[config.dtype]
+        self.device = torch.device(config.device)
+        loaded = loaded or load_model(config.model, dtype=dtype, device=self.device, seed=config.seed)
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.max_model_len = min(config.max_model_len or loaded.config.max_position, loaded.config.max_position)
+        num_pages = config.num_pages or pages_for_memory(
+            loaded.config, page_size=config.page_size, dtype=dtype, budget_bytes=int(config.kv_cache_memory_gb * 2**30))
+        self.kv = KVCache.allocate(loaded.config, num_pages=num_pages, page_size=config.page_size,
+                                   dtype=dtype, device=self.device)
+        self.scheduler = Scheduler(
+            KVCacheManager(num_pages, config.page_size, enable_prefix_caching=config.enable_prefix_caching,
+                           policy=config.eviction),
+            max_running=config.max_running, max_step_tokens=config.max_step_tokens,
+            max_prefill_chunk=config.max_prefill_chunk, debug_checks=config.debug_checks)
+        model = LlamaModel(loaded.config, loaded.weights, device=self.device, dtype=dtype)
+        self.eos_ids = frozenset(loaded.config.eos_token_ids)
+        self.runner = ModelRunner(model, self.kv, Sampler(loaded.config.eos_token_ids, seed=config.seed), self.device)
+        self._seq_ids = itertools.count()
+        self._by_request: dict[str, RequestState] = {}
+        self._by_seq: dict[int, RequestState] = {}
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+        self._ttft: list[float] = []
+        self._itl: list[float] = []
+
+    # -- requests ---------------------------------------------------------------------------
+    @property
+    def capacity_tokens(self) -> int:
+        return self.kv.num_pages * self.kv.page_size
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raises InvalidRequest naming the field for anything this engine cannot serve."""
+        n = len(prompt_ids)
+        if n == 0:
+            raise InvalidRequest("input_ids", "the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequest("input_ids", f"token id {bad} is outside the vocabulary [0, {vocab})")
+        if n >= self.max_model_len:
+            raise InvalidRequest("input_ids", f"the prompt has {n} tokens; the context holds {self.max_model_len} "
+                                              "and at least one must be left to generate")
+        if params.max_tokens <= 0:
+            raise InvalidRequest("max_tokens", f"must be > 0, got {params.max_tokens}")
+        if n + params.max_tokens > self.max_model_len:
+            raise InvalidRequest("max_tokens", f"prompt ({n}) + max_tokens ({params.max_tokens}) exceeds the context "
+                                               f"length {self.max_model_len}")
+        if n + params.max_tokens > self.capacity_tokens:
+            raise InvalidRequest("max_tokens", f"prompt ({n}) + max_tokens ({params.max_tokens}) needs more KV than the "
+                                               f"whole page pool holds ({self.capacity_tokens} tokens)")
+        if params.min_tokens > params.max_tokens:
+            raise InvalidRequest("min_tokens", f"min_tokens ({params.min_tokens}) exceeds max_tokens ({params.max_tokens})")
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, *,
+                    cache_salt: str = "", echo_prompt: bool = False) -> None:
+        if request_id in self._by_request:
+            raise InvalidRequest("request_id", f"'{request_id}' is already in flight")
+        self.validate(prompt_ids, params)
+        seq_id = next(self._seq_ids)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
+        gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        echo = self.tokenizer.decode(prompt_ids, skip_special_tokens=True) if echo_prompt and self.tokenizer else ""
+        state = RequestState(request_id, seq_id, list(prompt_ids), params, detok, gen, echo_prompt=echo)
+        self._by_request[request_id] = state
+        self._by_seq[seq_id] = state
+        self.scheduler.add(seq_id, state.prompt_ids, salt=cache_salt.encode(), max_new_tokens=params.max_tokens)
+        self._prompt_tokens_total += len(prompt_ids)
+
+    def abort(self, request_id: str, reason: str = "cancelled", error: str | None = None) -> RequestOutput | None:
+        """Ends a request now (cancel, error, shutdown); its pages return to the pool."""
+        state = self._by_request.get(request_id)
+        if state is None:
+            return None
+        return self._finish(state, (), "", reason, error)
+
+    def abort_all(self, reason: str, error: str | None = None) -> list[RequestOutput]:
+        return [self._finish(s, (), "", reason, error) for s in list(self._by_request.values())]
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._by_request)
+
+    def request_ids(self) -> list[str]:
+        return list(self._by_request)
+
+    # -- the step -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        outputs = [self._finish(self._by_seq[sid], (), "", "error", msg) for sid, msg in plan.rejected]
+        if not plan.chunks:
+            return outputs
+        self.runner.copy_pages([(c.src, c.dst) for c in plan.copies])
+        inputs = []
+        for chunk in plan.chunks:
+            state = self._by_seq[chunk.seq_id]
+            sampling = None
+            if chunk.samples:
+                sampling = SamplingRow(state.params, state.generator, state.prompt_ids, state.output_ids)
+            inputs.append(ChunkInput(state.token_slice(chunk.start, chunk.num_tokens), chunk.start,
+                                     self.scheduler.page_table(chunk.seq_id), sampling))
+        tokens = self.runner.execute(inputs)
+        sampling_chunks = [c for c in plan.chunks if c.samples]
+        sampled = {c.seq_id: t for c, t in zip(sampling_chunks, tokens)}
+        self.scheduler.on_step_done(sampled)
+        now = time.monotonic()
+        for seq_id, token in sampled.items():
+            outputs.append(self._on_token(self._by_seq[seq_id], token, now))
+        return outputs
+
+    def _on_token(self, state: RequestState, token: int, now: float) -> RequestOutput:
+        p = state.params
+        if state.first_token_at is None:
+            state.first_token_at = now
+            state.cached_tokens = self.scheduler.num_cached_tokens(state.seq_id)
+            self._ttft.append(now - state.arrival)
+        else:
+            self._itl.append(now - state.last_token_at)
+        state.last_token_at = now
+        state.output_ids.append(token)
+        self._generation_tokens_total += 1
+        n_out = len(state.output_ids)
+        past_min = n_out >= p.min_tokens
+        text = ""
+        if state.detokenizer is not None:
+            text = state.detokenizer.add(token, check_stop=past_min)
+        if len(state.output_ids) == 1 and state.echo_prompt:
+            text = state.echo_prompt + text
+        reason = None
+        if token in self.eos_ids and not p.ignore_eos and past_min:
+            reason = "stop"
+        elif state.detokenizer is not None and state.detokenizer.stopped:
+            reason = "stop"
+        elif n_out >= p.max_tokens or len(state.prompt_ids) + n_out >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            return self._finish(state, (token,), text, reason, None)
+        return RequestOutput(state.request_id, (token,), text, False, None, len(state.prompt_ids), n_out,
+                             state.cached_tokens)
+
+    def _finish(self, state: RequestState, new_ids: tuple[int, ...], text: str, reason: str,
+                error: str | None) -> RequestOutput:
+        self.scheduler.finish(state.seq_id)
+        self._by_request.pop(state.request_id, None)
+        self._by_seq.pop(state.seq_id, None)
+        if reason in ("stop", "length") and state.detokenizer is not None:
+            text += state.detokenizer.finish()
+        return RequestOutput(state.request_id, new_ids, text, True, reason, len(state.prompt_ids),
+                             len(state.output_ids), state.cached_tokens, error)
+
+    # -- observability ------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        return EngineStats(self.scheduler.stats(), self.scheduler.num_running, self.scheduler.num_waiting,
+                           self._prompt_tokens_total, self._generation_tokens_total)
+
+    def drain_latencies(self) -> tuple[list[float], list[float]]:
+        """TTFT and inter-token latency samples (seconds) since the previous call."""
+        ttft, itl, self._ttft, self._itl = self._ttft, self._itl, [], []
+        return ttft, itl
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+        assert set(self._by_seq) == {s.seq_id for s in self._by_request.values()}

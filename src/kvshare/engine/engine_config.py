@@ -1,0 +1,54 @@
+"""How an engine is built: model, KV pool and scheduler limits."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None              # .gguf, HF dir, dummy:<name>; None = SmolLM2-135M-Instruct
+    device: str = "cpu"
+    dtype: str = "float32"                # float32 | float16 | bfloat16
+    page_size: int = 16
+    num_pages: int | None = None          # None: from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 0.5
+    max_model_len: int | None = None      # default: the model's max position
+    max_running: int = 64
+    max_step_tokens: int = 2048           # token budget of one step (decodes + prefill chunks)
+    max_prefill_chunk: int = 512
+    enable_prefix_caching: bool = True
+    eviction: str = "lru"
+    default_max_tokens: int = 128
+    debug_checks: bool = False            # check the pool's integrity after every step
+    seed: int = 0
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, str]) -> "EngineConfig":
+        """From string key/values (Triton config parameters, environment); unknown keys are an error."""
+        import dataclasses
+
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, object] = {}
+        for key, raw in values.items():
+            if key not in fields:
+                raise ValueError(f"unknown engine parameter '{key}'; known: {sorted(fields)}")
+            kwargs[key] = _parse(fields[key].type, raw, key)
+        return cls(**kwargs)
+
+
+def _parse(type_name: str, raw: str, key: str) -> object:
+    raw = raw.strip()
+    if raw.lower() in ("", "none", "null") and "None" in type_name:
+        return None
+    try:
+        if type_name.startswith("bool"):
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1", "yes")
+        if type_name.startswith("int"):
+            return int(raw)
+        if type_name.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"engine parameter '{key}' must be {type_name}, got '{raw}'") from None
+    return raw

@@ -1,0 +1,149 @@
+"""Runs an LLMEngine on its own thread for the life of the server process.
+
+Callers (Triton's execute(), tests) submit requests with a sink that receives every RequestOutput
+and an optional ``is_cancelled`` probe; the loop polls the probes a few times a second, so a client
+that hangs up ends its request and frees its pages. Every submitted request gets exactly one final
+output, whatever happens: finish, stop, cancel, engine error or shutdown.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..sampling_params import SamplingParams
+from .engine import LLMEngine
+from .outputs import RequestOutput
+
+log = logging.getLogger("kvshare.engine")
+
+Sink = Callable[[RequestOutput], None]
+
+
+@dataclass(frozen=True)
+class Submission:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    cache_salt: str
+    echo_prompt: bool
+    sink: Sink
+    is_cancelled: Callable[[], bool] | None
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, *, cancel_poll_s: float = 0.05, idle_tick_s: float = 0.5,
+                 on_tick: Callable[[LLMEngine], None] | None = None):
+        self.engine = engine
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self._probes: dict[str, Callable[[], bool]] = {}
+        self._cancel_poll_s = cancel_poll_s
+        self._idle_tick_s = idle_tick_s
+        self._on_tick = on_tick
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvshare-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, sub: Submission) -> None:
+        self._inbox.put(("add", sub))
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.put(("cancel", request_id))
+
+    def call(self, fn: Callable[[LLMEngine], object], timeout: float = 30.0) -> object:
+        """Runs fn(engine) on the engine thread (e.g. a consistent stats snapshot)."""
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox.put(("call", (fn, done)))
+        ok, value = done.get(timeout=timeout)
+        if not ok:
+            raise value
+        return value
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._inbox.put(("wake", None))
+        self._thread.join(timeout)
+
+    # -- engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        last_poll = last_tick = time.monotonic()
+        while not self._stopping.is_set():
+            self._drain_inbox(block=not self.engine.has_work)
+            now = time.monotonic()
+            if self.engine.has_work:
+                if now - last_poll >= self._cancel_poll_s:
+                    self._poll_cancellations()
+                    last_poll = now
+                self._step()
+            if self._on_tick is not None and now - last_tick >= self._idle_tick_s:
+                last_tick = now
+                self._safe(self._on_tick, self.engine)
+        self._deliver(self.engine.abort_all("cancelled", "the server is shutting down"))
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=self._idle_tick_s) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(*item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, kind: str, payload) -> None:
+        if kind == "add":
+            sub: Submission = payload
+            self._sinks[sub.request_id] = sub.sink
+            if sub.is_cancelled is not None:
+                self._probes[sub.request_id] = sub.is_cancelled
+            try:
+                self.engine.add_request(sub.request_id, sub.prompt_ids, sub.params, cache_salt=sub.cache_salt,
+                                        echo_prompt=sub.echo_prompt)
+            except Exception as exc:  # validated before submit; this is the backstop
+                self._deliver([RequestOutput(sub.request_id, (), "", True, "error", len(sub.prompt_ids), 0, 0, str(exc))])
+        elif kind == "cancel":
+            out = self.engine.abort(payload, "cancelled")
+            self._deliver([out] if out else [])
+        elif kind == "call":
+            fn, done = payload
+            try:
+                done.put((True, fn(self.engine)))
+            except Exception as exc:
+                done.put((False, exc))
+
+    def _poll_cancellations(self) -> None:
+        for rid, probe in list(self._probes.items()):
+            if self._safe(probe):
+                out = self.engine.abort(rid, "cancelled")
+                self._deliver([out] if out else [])
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            log.exception("engine step failed; ending the %d requests in flight", len(self.engine.request_ids()))
+            outputs = self.engine.abort_all("error", f"internal engine error: {exc}")
+        self._deliver(outputs)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            sink = self._sinks.get(out.request_id)
+            if out.finished:
+                self._sinks.pop(out.request_id, None)
+                self._probes.pop(out.request_id, None)
+            if sink is not None:
+                self._safe(sink, out)
+
+    @staticmethod
+    def _safe(fn, *args):
+        try:
+            return fn(*args)
+        except Exception:
+            log.exception("callback %r failed", fn)
+            return None

@@ -1,0 +1,43 @@
+"""What the engine hands to its caller for each request, step by step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    token_ids: tuple[int, ...]        # new tokens since the previous output
+    text: str                         # new text since the previous output
+    finished: bool
+    finish_reason: str | None         # stop | length | cancelled | error (on the final output)
+    num_prompt_tokens: int
+    num_output_tokens: int            # total generated so far
+    cached_tokens: int                # prompt tokens served from shared pages
+    error: str | None = None
+
+
+class InvalidRequest(ValueError):
+    """A request the engine cannot serve; ``field`` names the offending input."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
+    """Two consecutive outputs of one request as one (the sender coalesces when it falls behind)."""
+    if first.request_id != then.request_id or first.finished:
+        raise ValueError("only consecutive outputs of one unfinished request merge")
+    return RequestOutput(
+        then.request_id, first.token_ids + then.token_ids, first.text + then.text, then.finished,
+        then.finish_reason, then.num_prompt_tokens, then.num_output_tokens, then.cached_tokens, then.error)
+
+
+def coalesce(outputs: list[RequestOutput]) -> list[RequestOutput]:
+    """Merges each request's outputs in a batch, keeping per-request order; requests keep first-seen order."""
+    merged: dict[str, RequestOutput] = {}
+    for out in outputs:
+        prev = merged.get(out.request_id)
+        merged[out.request_id] = out if prev is None else merge_outputs(prev, out)
+    return list(merged.values())

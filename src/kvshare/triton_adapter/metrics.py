@@ -1,0 +1,57 @@
+"""kvshare's Prometheus metrics, exported through Triton's metrics port (pb_utils.MetricFamily)."""
+from __future__ import annotations
+
+from ..engine.engine import EngineStats
+
+_LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+
+
+class EngineMetrics:
+    def __init__(self, pb, model_name: str):
+        labels = {"model": model_name}
+        G, C, H = pb.MetricFamily.GAUGE, pb.MetricFamily.COUNTER, pb.MetricFamily.HISTOGRAM
+
+        def metric(name: str, kind, help_text: str, **kw):
+            return pb.MetricFamily(name=name, description=help_text, kind=kind).Metric(labels=labels, **kw)
+
+        self.gauges = {
+            "total": metric("kvshare_kv_pages_total", G, "KV pages in the pool"),
+            "free": metric("kvshare_kv_pages_free", G, "KV pages holding nothing"),
+            "active": metric("kvshare_kv_pages_active", G, "KV pages referenced by running requests"),
+            "cached": metric("kvshare_kv_pages_cached", G, "Unreferenced KV pages holding a reusable prefix"),
+            "running": metric("kvshare_requests_running", G, "Requests being generated"),
+            "waiting": metric("kvshare_requests_waiting", G, "Requests queued for admission"),
+        }
+        self.counters = {
+            "prefix_queries_tokens_total": metric("kvshare_prefix_cache_queries_tokens_total", C, "Prompt tokens looked up in the prefix cache"),
+            "prefix_hits_tokens_total": metric("kvshare_prefix_cache_hits_tokens_total", C, "Prompt tokens served from shared pages"),
+            "evictions_total": metric("kvshare_kv_evictions_total", C, "Cached pages evicted"),
+            "preemptions_total": metric("kvshare_preemptions_total", C, "Requests preempted for lack of pages"),
+            "prompt_tokens_total": metric("kvshare_prompt_tokens_total", C, "Prompt tokens received"),
+            "generation_tokens_total": metric("kvshare_generation_tokens_total", C, "Tokens generated"),
+        }
+        self._last = {k: 0 for k in self.counters}
+        self.ttft = metric("kvshare_time_to_first_token_seconds", H, "Time to first token", buckets=_LATENCY_BUCKETS)
+        self.itl = metric("kvshare_inter_token_latency_seconds", H, "Time between consecutive tokens", buckets=_LATENCY_BUCKETS)
+
+    def update(self, stats: EngineStats, ttfts: list[float], itls: list[float]) -> None:
+        pool = stats.pool
+        for key, value in (("total", pool.total), ("free", pool.free), ("active", pool.active), ("cached", pool.cached),
+                           ("running", stats.requests_running), ("waiting", stats.requests_waiting)):
+            self.gauges[key].set(value)
+        now = {
+            "prefix_queries_tokens_total": pool.prefix_queries_tokens_total,
+            "prefix_hits_tokens_total": pool.prefix_hits_tokens_total,
+            "evictions_total": pool.evictions_total,
+            "preemptions_total": pool.preemptions_total,
+            "prompt_tokens_total": stats.prompt_tokens_total,
+            "generation_tokens_total": stats.generation_tokens_total,
+        }
+        for key, value in now.items():
+            if value > self._last[key]:
+                self.counters[key].increment(value - self._last[key])
+                self._last[key] = value
+        for v in ttfts:
+            self.ttft.observe(v)
+        for v in itls:
+            self.itl.observe(v)

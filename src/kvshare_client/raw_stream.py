@@ -1,0 +1,119 @@
+"""One long-lived ModelStreamInfer call on the raw gRPC stub, for one request at a time.
+
+Why not tritonclient's stream API: under Locust (gevent) ``start_stream`` + ``async_stream_infer``
+hangs the whole process, even after ``grpc.experimental.gevent.init_gevent()``
+(shared/environment.md). The generated stub with hand-built ``ModelInferRequest``s works; this
+module wraps it. It needs no gevent itself and runs just as well on plain threads.
+
+The call stays open between requests (one gRPC stream per owner, like a tritonclient client); any
+error closes it and the next request opens a new one, so a broken stream never poisons the next.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Any, Callable, Iterator, Optional
+
+from .assembler import CompletionAssembler, check_finished_ok
+from .errors import KvshareClientError, ProtocolError, ServerError, from_rpc_error
+from .response import ChunkParser
+from .types import Completion, StreamChunk
+from .wire import WireTensor, new_request_id, to_model_infer_request
+
+# Generated text and long prompts can exceed gRPC's 4 MiB default message limit.
+_CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+)
+
+
+class RawStreamSession:
+    """Owns a channel and (lazily) one bidirectional stream; not for concurrent use."""
+
+    def __init__(self, url: str, *, stream_timeout: Optional[float] = None) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2_grpc
+
+        self.url = url
+        self._stream_timeout = stream_timeout
+        self._channel = grpc.insecure_channel(url, options=_CHANNEL_OPTIONS)
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._requests: Optional[queue.Queue] = None
+        self._call: Any = None
+        self._responses: Optional[Iterator[Any]] = None
+
+    def _open(self) -> None:
+        requests: queue.Queue = queue.Queue()
+
+        def feed() -> Iterator[Any]:
+            # grpc pulls this from its own (green)thread; None half-closes the stream.
+            while (req := requests.get()) is not None:
+                yield req
+
+        self._requests = requests
+        self._call = self._stub.ModelStreamInfer(feed(), timeout=self._stream_timeout)
+        self._responses = iter(self._call)
+
+    def _drop(self) -> None:
+        """Abandon the current stream; cancelling it makes the server cancel what it still runs."""
+        call, self._call, self._responses = self._call, None, None
+        if self._requests is not None:
+            self._requests.put(None)
+            self._requests = None
+        if call is not None:
+            call.cancel()
+
+    def generate(
+        self,
+        model: str,
+        tensors: tuple[WireTensor, ...],
+        *,
+        request_id: Optional[str] = None,
+        on_chunk: Optional[Callable[[StreamChunk], None]] = None,
+    ) -> Completion:
+        """Send one request and read its responses until the final flag; return the Completion."""
+        request_id = request_id or new_request_id()
+        if self._call is None:
+            self._open()
+        assert self._requests is not None and self._responses is not None
+        parser = ChunkParser()
+        assembler = CompletionAssembler(model, request_id, sent_at=time.perf_counter())
+        self._requests.put(to_model_infer_request(model, tensors, request_id=request_id))
+        try:
+            from tritonclient.grpc import InferResult
+
+            for response in self._responses:
+                received_at = time.perf_counter()
+                if response.error_message:
+                    raise ServerError(response.error_message, model=model, request_id=request_id)
+                chunk = parser.parse(InferResult(response.infer_response), received_at)
+                assembler.add(chunk)
+                if on_chunk is not None:
+                    on_chunk(chunk)
+                if chunk.is_final:
+                    return check_finished_ok(assembler.build())
+            raise ProtocolError(f"the server closed the stream before the final response of {request_id}")
+        except KvshareClientError:
+            self._drop()
+            raise
+        except Exception as exc:  # grpc.RpcError: unavailable, deadline, cancelled
+            self._drop()
+            if callable(getattr(exc, "code", None)):
+                raise from_rpc_error(exc, model=model, request_id=request_id) from exc
+            raise
+        except BaseException:
+            # gevent.Timeout / GreenletExit / KeyboardInterrupt mid-stream: responses of this request
+            # may still be in flight, so the stream cannot be reused.
+            self._drop()
+            raise
+
+    def close(self) -> None:
+        self._drop()
+        self._channel.close()
+
+    def __enter__(self) -> "RawStreamSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

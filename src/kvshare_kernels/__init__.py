@@ -1,0 +1,57 @@
+"""kvshare_kernels: paged KV-cache kernels written in Triton, each with a torch reference.
+
+Entry points (see docs/interfaces.md for the layout; docs/kernels.md for the design and numbers):
+
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out=None) -> [B, Hq, D]
+    paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, context_lens, scale, out=None) -> [T, Hq, D]
+    copy_pages(k_cache, v_cache, src_pages, dst_pages)
+
+The functions of this package pick the implementation from the device of their first tensor:
+the Triton kernels (``kvshare_kernels.kernels``) for CUDA tensors, the torch reference
+(``kvshare_kernels.reference``) otherwise. ``ops(device)`` returns the module itself, for callers
+that choose once. Triton is imported only when a CUDA tensor first arrives, so the CPU engine never
+pays for it. KVSHARE_KERNEL_DEBUG=1 (or ``debug=True``) checks page tables against the pool.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from . import reference
+from .checks import PageTableError, debug_enabled
+
+__all__ = ["write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_pages", "ops", "reference",
+           "PageTableError", "debug_enabled"]
+
+
+def ops(device: torch.device | str) -> ModuleType:
+    """The module implementing the entry points for tensors on ``device``."""
+    if torch.device(device).type == "cuda":
+        from . import kernels
+        return kernels
+    return reference
+
+
+def _first_tensor(x) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else x[0]
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping, **kw) -> None:
+    return ops(k_cache.device).write_kv(k, v, k_cache, v_cache, slot_mapping, **kw)
+
+
+def paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out=None, **kw) -> torch.Tensor:
+    return ops(q.device).paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out, **kw)
+
+
+def paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, context_lens, scale, out=None,
+                            **kw) -> torch.Tensor:
+    return ops(q.device).paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, context_lens,
+                                                 scale, out, **kw)
+
+
+def copy_pages(k_cache, v_cache, src_pages, dst_pages, **kw) -> None:
+    return ops(_first_tensor(k_cache).device).copy_pages(k_cache, v_cache, src_pages, dst_pages, **kw)

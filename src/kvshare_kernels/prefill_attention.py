@@ -1,0 +1,165 @@
+"""paged_prefill_attention: varlen "extend" attention over the page table.
+
+Request i's q_len_i new tokens are its LAST tokens: query j sits at absolute position
+``context_len - q_len + j`` and sees keys 0..that position. Every key, cached prefix and new
+tokens alike, is read through the page table (write_kv has already put the new K/V in the pages),
+so a shared prefix page is read like any other.
+
+One program per (block of query tokens, request, KV head). Its BLOCK_M rows are BLOCK_M // G
+query tokens x the G query heads of that KV head (row r = token r // G, head r % G), so a K/V tile
+is loaded once for all heads of the group and the dots stay large enough for the tensor cores.
+The key loop has two phases (as in the Triton flash-attention tutorial): keys visible to every row
+of the block need no causal mask; only the tiles on the diagonal do.
+
+The grid's first dimension covers max_query_len, which the caller knows on the host (the
+scheduler chose the chunk sizes); by default it is the total number of query tokens, an upper
+bound that costs only idle programs, never a synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import checks
+from .checks import interpreter_bf16
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, pt_row, pos, start, end, scale_log2,
+                  stride_kp, stride_kt, stride_vp, stride_vt, d, d_mask,
+                  BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    for n in range(start, end, BLOCK_N):
+        offs_n = n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        if PAGE_SIZE % BLOCK_N == 0:
+            page = tl.load(pt_row + n // PAGE_SIZE).to(tl.int64)
+        else:
+            page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+        in_page = offs_n % PAGE_SIZE
+        if BLOCK_D == HEAD_DIM:
+            kv_mask = n_mask[:, None]
+        else:
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_head + (page * stride_kp + in_page * stride_kt)[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_head + (page * stride_vp + in_page * stride_vt)[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if UPCAST:      # the interpreter's tl.dot multiplies bf16 as raw integers
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        if CAUSAL:
+            qk = tl.where((offs_n[None, :] <= pos[:, None]) & n_mask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _prefill_kernel(
+    Q, K, V, O, PT, QSL, CTX, scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ptb,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    mblk = tl.program_id(0)
+    b = tl.program_id(1)
+    kvh = tl.program_id(2)
+    q_start = tl.load(QSL + b)
+    q_len = tl.load(QSL + b + 1) - q_start
+    if mblk * BLOCK_MT >= q_len:
+        return
+    ctx = tl.load(CTX + b)
+    prefix = ctx - q_len
+
+    r = tl.arange(0, BLOCK_M)             # BLOCK_M = BLOCK_MT * BLOCK_G rows
+    tok = mblk * BLOCK_MT + r // BLOCK_G
+    g = r % BLOCK_G
+    row_mask = (tok < q_len) & (g < GROUP)
+    head = kvh * GROUP + g
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q_rows = (q_start + tok).to(tl.int64)
+    q = tl.load(Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    pos = prefix + tok                     # absolute position of each row's token
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    pt_row = PT + b * stride_ptb
+    k_head = K + kvh * stride_kh
+    v_head = V + kvh * stride_vh
+    first_pos = prefix + mblk * BLOCK_MT                              # the block's smallest position
+    last_key = tl.minimum(first_pos + BLOCK_MT, ctx)                  # one past the largest key seen
+    full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N                 # tiles every row sees in full
+    acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, pt_row, pos, 0, full_end, scale_log2,
+                                  stride_kp, stride_kt, stride_vp, stride_vt, d, d_mask,
+                                  BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, False, PRECISION, UPCAST)
+    acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, pt_row, pos, full_end, last_key, scale_log2,
+                                  stride_kp, stride_kt, stride_vp, stride_vt, d, d_mask,
+                                  BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, True, PRECISION, UPCAST)
+    out = acc / l_i[:, None]
+    o_rows = (q_start + tok).to(tl.int64)
+    tl.store(O + o_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+             out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+
+
+# Tuning defaults (H200, bf16, head_dim 128; see docs/kernels.md).
+BLOCK_M = 128        # rows = query tokens x heads of one group
+BLOCK_N = 64
+NUM_WARPS = 8
+NUM_STAGES = 3
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                            query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                            out: torch.Tensor | None = None, *, max_query_len: int | None = None,
+                            debug: bool | None = None, block_m: int | None = None, block_n: int | None = None,
+                            num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+    """q [T, Hq, D] (requests back to back); query_start_loc int32 [B+1]; context_lens int32 [B]."""
+    t, hq, d = q.shape
+    nb = page_table.shape[0]
+    checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
+    if query_start_loc.shape != (nb + 1,) or query_start_loc.dtype != torch.int32:
+        raise ValueError(f"query_start_loc must be int32 [B+1], got {query_start_loc.dtype} {tuple(query_start_loc.shape)}")
+    if q.dtype != k_cache.dtype:
+        raise ValueError(f"paged_prefill_attention: q is {q.dtype}, the cache {k_cache.dtype}")
+    num_pages, page_size, hkv, _ = k_cache.shape
+    if checks.debug_enabled(debug):
+        checks.check_query_values(query_start_loc, context_lens, t)
+        checks.check_page_table_values(page_table, context_lens, num_pages, page_size)
+    if out is None:
+        out = torch.empty_like(q)
+    if t == 0 or nb == 0:
+        return out
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    group = hq // hkv
+    block_g = triton.next_power_of_2(group)
+    block_m = max(block_m or BLOCK_M, 16, block_g)
+    block_mt = block_m // block_g                     # query tokens per program
+    max_query_len = t if max_query_len is None else max_query_len
+    grid = (triton.cdiv(max_query_len, block_mt), nb, hkv)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, page_table, query_start_loc, context_lens, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0),
+        GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n or BLOCK_N,
+        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=page_size,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreter_bf16(q.dtype),
+        num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
+    )
+    return out

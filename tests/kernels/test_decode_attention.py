@@ -1,0 +1,88 @@
+"""paged_decode_attention (Triton, and the torch reference) against dense attention."""
+
+import pytest
+import torch
+
+from kvshare_kernels import kernels, reference
+from paged_cases import TOL, dense_attention, make_case, rel_err
+
+LENS = [1, 7, 33, 50]          # ragged: a single token, a partial page, page-aligned on 1/4/16... and longer
+
+
+def _check(impl, case, hq, d, dtype, device, **kw):
+    torch.manual_seed(1)
+    b = len(case.lens)
+    q = torch.randn(b, hq, d, dtype=torch.float64).to(dtype).to(device)
+    scale = d ** -0.5
+    out = torch.full((b, hq, d), float("nan"), dtype=dtype, device=device)   # poisoned: all must be written
+    res = impl.paged_decode_attention(q, case.k_cache, case.v_cache, case.page_table, case.context_lens, scale,
+                                      out, **kw)
+    assert res is out
+    for i, n in enumerate(case.lens):
+        ref = dense_attention(q[i : i + 1], case.dense_k[i], case.dense_v[i], scale)[0]
+        err = rel_err(out[i], ref)
+        assert err < TOL[dtype], f"request {i} (len {n}): rel err {err:.2e} {kw}"
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (2, 2), (6, 2)])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_fp32(page_size, hq, hkv, num_splits, device):
+    case = make_case(LENS, page_size, hkv, 16, torch.float32, device, seed=page_size * 7 + hq)
+    _check(kernels, case, hq, 16, torch.float32, device, num_splits=num_splits, block_n=16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("use_dot", [True, False])
+def test_decode_half(dtype, use_dot, device):
+    case = make_case(LENS, 4, 2, 16, dtype, device, seed=3)
+    _check(kernels, case, 4 if use_dot else 2, 16, dtype, device, num_splits=2, block_n=16, use_dot=use_dot)
+
+
+def test_decode_default_config_and_odd_head_dim(device):
+    # default block_n / split heuristic; head_dim 24 pads to 32 (masked head dimension)
+    case = make_case([5, 70, 129], 16, 1, 24, torch.float32, device, seed=5)
+    _check(kernels, case, 3, 24, torch.float32, device)
+    _check(kernels, case, 3, 24, torch.float32, device, max_context=129)
+
+
+@pytest.mark.parametrize("use_dot", [True, False])
+def test_decode_mha_dot_or_not(use_dot, device):
+    case = make_case(LENS, 32, 2, 16, torch.float32, device, seed=13)     # page 32 = two tiles of 16
+    _check(kernels, case, 2, 16, torch.float32, device, num_splits=2, block_n=16, use_dot=use_dot)
+
+
+def test_decode_many_splits_some_empty(device):
+    # more splits than a short request has tiles: empty splits must merge as nothing
+    case = make_case([3, 40], 4, 2, 16, torch.float32, device, seed=9)
+    _check(kernels, case, 4, 16, torch.float32, device, num_splits=7, block_n=16)
+
+
+def test_decode_strided_q_view(device):
+    # q as a view of a fused qkv projection: token stride larger than Hq * D
+    case = make_case([9, 20], 4, 2, 16, torch.float32, device, seed=11)
+    qkv = torch.randn(2, 8, 16, dtype=torch.float32, device=device)
+    q = qkv[:, :4]
+    out = kernels.paged_decode_attention(q, case.k_cache, case.v_cache, case.page_table, case.context_lens, 0.25,
+                                         block_n=16)
+    ref = reference.paged_decode_attention(q, case.k_cache, case.v_cache, case.page_table, case.context_lens, 0.25)
+    assert rel_err(out, ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (2, 2)])
+def test_reference_decode(page_size, hq, hkv, device):
+    case = make_case(LENS, page_size, hkv, 16, torch.float32, device, seed=page_size + hq)
+    _check(reference, case, hq, 16, torch.float32, device)
+
+
+def test_reference_decode_bf16(device):
+    case = make_case(LENS, 4, 2, 16, torch.bfloat16, device, seed=4)
+    _check(reference, case, 4, 16, torch.bfloat16, device)
+
+
+def test_decode_empty_batch(device):
+    case = make_case([4], 4, 2, 16, torch.float32, device)
+    q = torch.empty(0, 4, 16, device=device)
+    out = kernels.paged_decode_attention(q, case.k_cache, case.v_cache, case.page_table[:0], case.context_lens[:0], 1.0)
+    assert out.shape == (0, 4, 16)
