@@ -38,6 +38,60 @@ def bench(fn, rep_ms: int = 100) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") * 1e-3
 
 
+def bench_graph(fn, rep_ms: int = 100) -> float:
+    """Median seconds of one replay of fn captured in a CUDA graph, L2 flushed before each replay.
+
+    This is the GPU time alone, as the engine sees it when it replays its decode step as a graph;
+    an eager call of a short kernel measures the host's launch cost instead (bench() shows that).
+    """
+    if DRY_RUN:
+        return bench(fn)
+    fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    n = int(min(1000, max(10, rep_ms / max(start.elapsed_time(end) / 5, 1e-3))))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        flush.zero_()
+        starts[i].record()
+        graph.replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    del graph, flush
+    return times[n // 2] * 1e-3
+
+
+def host_overhead(fn, n: int = 200) -> float:
+    """Seconds of host time per eager call (launch cost), GPU work queued behind."""
+    fn()
+    if DRY_RUN:
+        n = 2
+    else:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t = time.perf_counter() - t
+    if not DRY_RUN:
+        torch.cuda.synchronize()
+    return t / n
+
+
 def free() -> None:
     if not DRY_RUN:
         torch.cuda.empty_cache()

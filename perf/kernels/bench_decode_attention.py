@@ -46,19 +46,27 @@ def make_paged(b, hq, hkv, ctx, page_size, dev):
     return q, k, v, pt, lens
 
 
-def time_kvshare(b, hq, hkv, ctx, page_size, rep_ms=100, **cfg):
+def time_kvshare(b, hq, hkv, ctx, page_size, rep_ms=100, eager=False, **cfg):
+    """Median seconds: GPU time (graph replay), and with eager=True also the eager call's time."""
     from kvshare_kernels import kernels
     q, k, v, pt, lens = make_paged(b, hq, hkv, ctx, page_size, bc.device())
     out = torch.empty_like(q)
     fn = lambda: kernels.paged_decode_attention(q, k, v, pt, lens, D ** -0.5, out, max_context=ctx, **cfg)  # noqa: E731
     try:
-        t = bc.bench(fn, rep_ms=rep_ms)
+        t = bc.bench_graph(fn, rep_ms=rep_ms)
+        t_eager = bc.bench(fn, rep_ms=rep_ms) if eager else None
     except Exception as e:   # a config out of resources (shared memory) is a result, not a crash
         print(f"  failed {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-        t = float("nan")
+        t = t_eager = float("nan")
     del q, k, v, pt, lens, out
     bc.free()
-    return t
+    return (t, t_eager) if eager else t
+
+
+def heuristic_splits(b, hq, hkv, ctx):
+    from kvshare_kernels.decode_attention import choose_num_splits, default_config
+    cfg = default_config(hq, hkv)
+    return choose_num_splits(b, hkv // cfg["heads_per_program"], ctx, torch.device(bc.device()), cfg["block_n"])
 
 
 def time_sdpa(b, hq, hkv, ctx):
@@ -71,14 +79,19 @@ def time_sdpa(b, hq, hkv, ctx):
     if hq != hkv:   # the G query heads of a KV head as G query rows: one pass over K/V per KV head
         qf = q.view(b, hkv, hq // hkv, D)
         ways["fold"] = lambda: F.scaled_dot_product_attention(qf, k, v)
-    best = min((bc.bench(fn), name) for name, fn in ways.items())
+    best = (float("inf"), "")
+    for name, fn in ways.items():
+        try:
+            best = min(best, (bc.bench_graph(fn), name))
+        except Exception as e:      # not capturable: time it eagerly and say so
+            print(f"  sdpa {name} in a graph failed ({type(e).__name__}), eager", flush=True)
+            best = min(best, (bc.bench(fn), name + " eager"))
     del q, k, v
     bc.free()
     return best
 
 
 def table(md=None):
-    from kvshare_kernels.decode_attention import choose_num_splits
     rows, results = [], []
     copy_bw = bc.copy_bandwidth()
     print(f"device copy bandwidth (read + write): {copy_bw / 1e12:.2f} TB/s", flush=True)
@@ -89,69 +102,89 @@ def table(md=None):
         if bc.DRY_RUN:
             b, ctx = min(b, 2), min(ctx, 64)
             nbytes = kv_bytes(b, hkv, ctx)
-        ts = {ps: time_kvshare(b, hq, hkv, ctx, ps) for ps in PAGE_SIZES}
+        ts, eager = {}, None
+        for ps in PAGE_SIZES:
+            if ps == PAGE_SIZES[0]:
+                ts[ps], eager = time_kvshare(b, hq, hkv, ctx, ps, eager=True)
+            else:
+                ts[ps] = time_kvshare(b, hq, hkv, ctx, ps)
         t_sdpa, how = time_sdpa(b, hq, hkv, ctx)
         bw = {ps: nbytes / t / 1e12 for ps, t in ts.items()}
         bw_sdpa = nbytes / t_sdpa / 1e12
-        splits = choose_num_splits(b, hkv, ctx, torch.device(bc.device()))
+        splits = heuristic_splits(b, hq, hkv, ctx)
         row = [f"{hq}/{hkv}", b, ctx, f"{nbytes / 1e9:.2f}"]
         row += [f"{bw[ps]:.2f}" for ps in PAGE_SIZES] + [f"{bw_sdpa:.2f} ({how})"]
-        row += [f"{bw[ps] / bw_sdpa:.2f}" for ps in PAGE_SIZES] + [f"{ts[PAGE_SIZES[0]] * 1e6:.1f}", splits]
+        row += [f"{bw[ps] / bw_sdpa:.2f}" for ps in PAGE_SIZES]
+        row += [f"{ts[PAGE_SIZES[0]] * 1e6:.1f}", f"{eager * 1e6:.1f}", splits]
         rows.append(row)
         results.append(dict(hq=hq, hkv=hkv, batch=b, ctx=ctx, bytes=nbytes, sdpa_s=t_sdpa, sdpa_how=how,
-                            splits=splits, **{f"kvshare_p{ps}_s": t for ps, t in ts.items()}))
+                            splits=splits, eager_p16_s=eager, **{f"kvshare_p{ps}_s": t for ps, t in ts.items()}))
         print("  " + " | ".join(str(x) for x in row), flush=True)
     header = ["heads q/kv", "batch", "ctx", "K+V GB"] + [f"kvshare p{ps} TB/s" for ps in PAGE_SIZES]
-    header += ["SDPA TB/s"] + [f"p{ps}/SDPA" for ps in PAGE_SIZES] + [f"p{PAGE_SIZES[0]} us", "splits"]
+    header += ["SDPA TB/s"] + [f"p{ps}/SDPA" for ps in PAGE_SIZES]
+    header += [f"p{PAGE_SIZES[0]} us", f"p{PAGE_SIZES[0]} eager us", "splits"]
     bc.print_table(f"paged decode attention, bf16, head_dim 128 (copy {copy_bw / 1e12:.2f} TB/s)", header, rows, md)
     return dict(copy_bw=copy_bw, rows=results)
 
 
+TILE_VARIANTS = [
+    dict(block_n=64, num_warps=4, num_stages=3),
+    dict(block_n=64, num_warps=4, num_stages=3, head_fastest=True),
+    dict(block_n=128, num_warps=8, num_stages=3),
+    dict(block_n=128, num_warps=8, num_stages=3, head_fastest=True),
+    dict(block_n=32, num_warps=4, num_stages=3, heads_per_program=2),
+    dict(block_n=32, num_warps=4, num_stages=3, heads_per_program=2, head_fastest=True),
+    dict(block_n=64, num_warps=8, num_stages=3, heads_per_program=2),
+    dict(block_n=32, num_warps=8, num_stages=3, heads_per_program=4),
+    dict(block_n=32, num_warps=8, num_stages=3, heads_per_program=4, head_fastest=True),
+    dict(block_n=16, num_warps=4, num_stages=4, heads_per_program=4),
+    dict(block_n=16, num_warps=8, num_stages=4, heads_per_program=8),
+]
+
+
 def sweep(md=None):
-    """Tile configs on representative shapes, then split counts with the best tile config."""
+    """Tile / grid-order / heads-per-program variants on representative shapes, then split counts."""
     res = {"tiles": [], "splits": []}
-    tiles = [dict(block_n=bn, num_warps=w, num_stages=s) for bn, w, s in itertools.product([32, 64, 128], [4, 8], [2, 3])]
-    shapes = [(32, 8, 64, 2048, 16), (32, 8, 64, 2048, 64), (32, 32, 64, 2048, 16)]
+    shapes = [(32, 8, 64, 2048, 16), (32, 32, 64, 2048, 16), (32, 32, 256, 2048, 16), (32, 8, 256, 2048, 64)]
+    variants = TILE_VARIANTS
     if bc.DRY_RUN:
-        tiles, shapes = tiles[:2], [(4, 2, 2, 64, 16), (2, 2, 2, 64, 16)]
+        shapes, variants = [(4, 2, 2, 64, 16), (2, 2, 2, 64, 16)], [dict(v, block_n=16) for v in TILE_VARIANTS[:6]]
     rows = []
-    score = {}
     for hq, hkv, b, ctx, ps in shapes:
-        variants = [dict(t) for t in tiles]
-        if hq == hkv:
-            variants += [dict(t, use_dot=False) for t in tiles]
         for cfg in variants:
             t = time_kvshare(b, hq, hkv, ctx, ps, rep_ms=50, **cfg)
             bw = kv_bytes(b, hkv, ctx) / t / 1e12
             rows.append([f"{hq}/{hkv} {b}x{ctx} p{ps}", str(cfg), f"{bw:.2f}"])
             res["tiles"].append(dict(hq=hq, hkv=hkv, batch=b, ctx=ctx, page=ps, cfg=cfg, s=t))
-            if cfg.get("use_dot", True) and not math.isnan(bw):
-                key = tuple(sorted(cfg.items()))
-                score[key] = score.get(key, 0.0) + math.log(bw)
             print("  " + " | ".join(rows[-1]), flush=True)
-    bc.print_table("decode tile sweep (TB/s)", ["shape", "config", "TB/s"], rows, md)
-    best = dict(max(score.items(), key=lambda kv: kv[1])[0]) if score else {}
-    print(f"best tile config (geomean over shapes): {best}", flush=True)
+    bc.print_table("decode variant sweep (TB/s, graph-timed)", ["shape", "config", "TB/s"], rows, md)
 
     rows = []
-    split_shapes = [(32, 8, 1, 8192), (32, 8, 1, 512), (32, 8, 16, 2048), (32, 8, 16, 512), (32, 32, 1, 8192),
-                    (32, 32, 16, 2048), (32, 8, 64, 2048), (32, 8, 64, 8192)]
-    splits_list = [1, 2, 4, 8, 16, 32]
+    split_shapes = [(32, 8, 1, 512), (32, 8, 1, 2048), (32, 8, 1, 8192), (32, 8, 16, 512), (32, 8, 16, 2048),
+                    (32, 8, 16, 8192), (32, 32, 1, 2048), (32, 32, 1, 8192), (32, 32, 16, 2048), (32, 8, 64, 512),
+                    (32, 8, 64, 2048)]
+    splits_list = [1, 2, 4, 8, 16, 32, 64]
     if bc.DRY_RUN:
         split_shapes, splits_list = [(4, 2, 1, 64)], [1, 2]
-    from kvshare_kernels.decode_attention import choose_num_splits
     for hq, hkv, b, ctx in split_shapes:
         cells = []
-        for s in splits_list:
-            t = time_kvshare(b, hq, hkv, ctx, 16, rep_ms=50, num_splits=s, **best)
+        for sp in splits_list:
+            t = time_kvshare(b, hq, hkv, ctx, 16, rep_ms=50, num_splits=sp)
             cells.append(kv_bytes(b, hkv, ctx) / t / 1e12)
-            res["splits"].append(dict(hq=hq, hkv=hkv, batch=b, ctx=ctx, splits=s, cfg=best, s=t))
-        h = choose_num_splits(b, hkv, ctx, torch.device(bc.device()), best.get("block_n", 64))
+            res["splits"].append(dict(hq=hq, hkv=hkv, batch=b, ctx=ctx, splits=sp, s=t))
+        h = heuristic_splits(b, hq, hkv, ctx)
         rows.append([f"{hq}/{hkv} {b}x{ctx}"] + [f"{x:.2f}" for x in cells] + [h])
         print("  " + " | ".join(str(x) for x in rows[-1]), flush=True)
-    bc.print_table(f"split-K sweep, page 16, {best} (TB/s)", ["shape"] + [f"S={s}" for s in splits_list]
-                   + ["heuristic S"], rows, md)
-    res["best"] = best
+    bc.print_table("split-K sweep, page 16, default tile (TB/s, graph-timed)", ["shape"]
+                   + [f"S={sp}" for sp in splits_list] + ["heuristic S"], rows, md)
+
+    # host cost of one eager call (what a graph replay saves)
+    from kvshare_kernels import kernels
+    q, k, v, pt, lens = make_paged(2, 32, 8, 512 if not bc.DRY_RUN else 64, 16, bc.device())
+    for sp in (1, 4):
+        us = bc.host_overhead(lambda: kernels.paged_decode_attention(q, k, v, pt, lens, 0.1, num_splits=sp)) * 1e6
+        print(f"host time per eager paged_decode_attention call, {sp} split(s): {us:.1f} us", flush=True)
+        res[f"host_us_splits{sp}"] = us
     return res
 
 

@@ -65,6 +65,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         "stream": not args.no_stream,
         "cache_salt": args.cache_salt,
         "apply_chat_template": True if getattr(args, "chat", False) else None,
+        "ignore_eos": True if args.ignore_eos else None,
     }
 
 
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("-o", "--output", required=True)
         sp.add_argument("--max-tokens", type=int, default=64)
         sp.add_argument("--min-tokens", type=int, help="force output lengths (e.g. = --max-tokens)")
+        sp.add_argument("--ignore-eos", action="store_true", help="ignore_eos=true (forced output lengths)")
         sp.add_argument("--temperature", type=float)
         sp.add_argument("--cache-salt")
         sp.add_argument("--no-stream", action="store_true")

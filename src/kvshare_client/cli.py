@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="apply the model's chat template (ensemble only)")
     g.add_argument("--max-tokens", type=int)
     g.add_argument("--min-tokens", type=int)
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS (up to --max-tokens)")
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-p", type=float)
     g.add_argument("--top-k", type=int)
@@ -100,6 +101,7 @@ def request_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) 
         cache_salt=args.cache_salt,
         exclude_input_in_output=False if args.include_input else None,
         apply_chat_template=True if args.chat else None,
+        ignore_eos=True if args.ignore_eos else None,
         # The CLI shows deltas as they come, so it asks for streaming unless told not to.
         stream=not args.no_stream,
         return_num_input_tokens=counts,

@@ -13,7 +13,8 @@ Locust request events, all named after the model:
     type "itl"     mean inter-token latency of the request (ms), requests with >= 2 tokens
 
 Options (``locust --help`` lists them under "kvshare"): --kvshare-model, --kvshare-workload,
---kvshare-synthetic-input-len, --kvshare-max-tokens, --kvshare-min-tokens, --kvshare-temperature,
+--kvshare-synthetic-input-len, --kvshare-max-tokens, --kvshare-min-tokens, --kvshare-ignore-eos,
+--kvshare-temperature,
 --kvshare-chat, --kvshare-no-stream, --kvshare-cache-salt, --kvshare-stream-timeout and the SLO
 gates --kvshare-slo-max-failure-ratio / --kvshare-slo-p95-ttft-ms, checked when Locust quits;
 a violated gate sets the process exit code to 1.
@@ -68,6 +69,8 @@ def _add_arguments(parser: Any) -> None:
     g.add_argument("--kvshare-max-tokens", type=int, default=64)
     g.add_argument("--kvshare-min-tokens", type=int, default=None,
                    help="force output lengths (EOS ignored until then); e.g. equal to --kvshare-max-tokens")
+    g.add_argument("--kvshare-ignore-eos", action="store_true", default=False,
+                   help="ignore_eos=true: every request generates --kvshare-max-tokens tokens")
     g.add_argument("--kvshare-temperature", type=float, default=None)
     g.add_argument("--kvshare-chat", action="store_true", default=False, help="apply_chat_template=true (ensemble)")
     g.add_argument("--kvshare-no-stream", action="store_true", default=False, help="one response per request")
@@ -92,6 +95,7 @@ def _overrides(opts: Any) -> dict[str, Any]:
         "stream": not opts.kvshare_no_stream,
         "cache_salt": opts.kvshare_cache_salt,
         "apply_chat_template": True if opts.kvshare_chat else None,
+        "ignore_eos": True if opts.kvshare_ignore_eos else None,
     }
 
 

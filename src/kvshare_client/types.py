@@ -64,6 +64,9 @@ class GenerationRequest:
     apply_chat_template: Optional[bool] = None
     return_num_input_tokens: Optional[bool] = None
     return_num_output_tokens: Optional[bool] = None
+    # Extra optional BOOL input of both models: True = keep generating past EOS (benchmarks force
+    # output lengths this way, or with min_tokens = max_tokens).
+    ignore_eos: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.input_ids is None):

@@ -41,6 +41,7 @@ _BOOL_FIELDS = (
     "return_num_input_tokens",
     "return_num_output_tokens",
     "apply_chat_template",
+    "ignore_eos",
 )
 
 

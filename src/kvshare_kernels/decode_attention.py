@@ -3,9 +3,12 @@
 Decode attention is a pass over the KV bytes (a few FLOPs per byte), so everything here serves
 bandwidth:
 
-* GQA: one program per (request, KV head, split) loads each K/V tile once and uses it for all
-  ``G = Hq // Hkv`` query heads of that KV head (the G rows are padded to 16 for ``tl.dot``; with
-  G == 1 the dot products are done element-wise instead, no padding).
+* GQA: one program per (KV head, request, split) loads each K/V tile once and uses it for all
+  ``G = Hq // Hkv`` query heads of that KV head (the G rows are padded to 16 for ``tl.dot``).
+* MHA: a program takes two KV heads (``heads_per_program``) with a block-diagonal query (each
+  row zero outside its own head's 128 columns), so one dot serves both heads and every token's
+  read is 512 contiguous bytes; measured 2.6 -> 4.0 TB/s. (With G == 1 and one head per program
+  the dots can also be done element-wise: ``use_dot=False``; it measured the same as the dot.)
 * Paging: token n of request b lives at ``k_cache[page_table[b, n // P], n % P]``. When a tile of
   BLOCK_N tokens fits in one page (P >= BLOCK_N) one page id serves the whole tile; otherwise each
   row looks its own page up (P = 1 .. BLOCK_N/2, e.g. SGLang's P = 1).
@@ -37,12 +40,20 @@ def _decode_split_kernel(
     Q, K, V, O, PO, PLSE, PT, CTX, scale_log2, num_splits,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ptb,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    GROUP: tl.constexpr, HEADS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr,
+    USE_DOT: tl.constexpr, HEAD_FASTEST: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    # A program serves HEADS consecutive KV heads and their HEADS * GROUP query heads (rows r, padded
+    # to BLOCK_R). Its K/V tile is [BLOCK_N tokens, HEADS * BLOCK_D] (columns c: head c // BLOCK_D).
+    # With HEADS > 1 the query is block-diagonal: row r is zero outside its own head's columns, so
+    # one dot computes every head's scores, and each row keeps only its own head's block of P @ V.
+    if HEAD_FASTEST:
+        hblk = tl.program_id(0)
+        b = tl.program_id(1)
+    else:
+        b = tl.program_id(0)
+        hblk = tl.program_id(1)
     s = tl.program_id(2)
     ctx = tl.load(CTX + b)
     # Each request cuts its own context into num_splits ranges of whole tiles.
@@ -50,23 +61,26 @@ def _decode_split_kernel(
     start = s * split_len
     end = tl.minimum(start + split_len, ctx)
 
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    g_mask = g < GROUP
-    d_mask = d < HEAD_DIM
-    head = kvh * GROUP + g
-    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    r = tl.arange(0, BLOCK_R)
+    c = tl.arange(0, BLOCK_C)
+    c_head = c // BLOCK_D                       # KV head (within the program) of each column
+    c_d = c % BLOCK_D
+    r_mask = r < HEADS * GROUP
+    c_mask = c_d < HEAD_DIM
+    head = hblk * (HEADS * GROUP) + r           # query heads of consecutive KV heads are consecutive
+    q_mask = r_mask[:, None] & c_mask[None, :] & ((r // GROUP)[:, None] == c_head[None, :])
+    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + c_d[None, :], mask=q_mask, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    q_row = tl.sum(q.to(tl.float32), axis=0)        # the single row when GROUP == 1 (no-dot path)
+    q_row = tl.sum(q.to(tl.float32), axis=0)    # the single row when GROUP == HEADS == 1 (no-dot path)
 
-    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     pt_row = PT + b * stride_ptb
-    k_head = K + kvh * stride_kh
-    v_head = V + kvh * stride_vh
+    kvh0 = hblk * HEADS
+    k_cols = (kvh0 + c_head) * stride_kh + c_d
+    v_cols = (kvh0 + c_head) * stride_vh + c_d
     for n in range(start, end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -79,15 +93,15 @@ def _decode_split_kernel(
         if BLOCK_D == HEAD_DIM:
             kv_mask = n_mask[:, None]          # row-constant mask keeps the loads 16 bytes wide
         else:
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_head + (page * stride_kp + in_page * stride_kt)[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_head + (page * stride_vp + in_page * stride_vt)[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            kv_mask = n_mask[:, None] & c_mask[None, :]
+        k = tl.load(K + (page * stride_kp + in_page * stride_kt)[:, None] + k_cols[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + (page * stride_vp + in_page * stride_vt)[:, None] + v_cols[None, :], mask=kv_mask, other=0.0)
         if UPCAST:      # the interpreter's tl.dot multiplies bf16 as raw integers
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         if USE_DOT:
-            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)                  # [BLOCK_G, N]
-        else:   # GROUP == 1: a one-row dot would be padded to 16 rows; multiply-add instead
+            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)                  # [BLOCK_R, N]
+        else:   # one query row: a dot would pad it to 16 rows; multiply-add instead
             qk = tl.sum(k.to(tl.float32) * q_row[None, :], axis=1)[None, :]        # [1, N]
         qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -101,18 +115,29 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
+    if HEADS == 1:
+        o = acc
+    else:       # keep each row's own head block: [R, HEADS, D] -> [R, D]
+        acc3 = tl.reshape(acc, [BLOCK_R, HEADS, BLOCK_D])
+        own = (r // GROUP)[:, None, None] == tl.arange(0, HEADS)[None, :, None]
+        o = tl.sum(tl.where(own, acc3, 0.0), axis=1)
     empty = l_i == 0.0                  # a split past this request's context
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    store_mask = g_mask[:, None] & d_mask[None, :]
+    o = o / tl.where(empty, 1.0, l_i)[:, None]
+    d = tl.arange(0, BLOCK_D)
+    store_mask = r_mask[:, None] & (d < HEAD_DIM)[None, :]
     if SPLIT:
         # Partial results: PO [B, Hq, S, D] fp32, PLSE [B, Hq, S] fp32 (log2 domain).
-        row = (b * (tl.num_programs(1) * GROUP) + head) * num_splits + s
-        tl.store(PO + row[:, None] * HEAD_DIM + d[None, :], out, mask=store_mask)
+        if HEAD_FASTEST:
+            num_q_heads = tl.num_programs(0) * HEADS * GROUP
+        else:
+            num_q_heads = tl.num_programs(1) * HEADS * GROUP
+        row = (b * num_q_heads + head) * num_splits + s
+        tl.store(PO + row[:, None] * HEAD_DIM + d[None, :], o, mask=store_mask)
         tl.store(PLSE + row, tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i))),
-                 mask=g_mask)
+                 mask=r_mask)
     else:
-        tl.store(O + b * stride_ob + head[:, None] * stride_oh + d[None, :],
-                 out.to(O.dtype.element_ty), mask=store_mask)
+        tl.store(O + b * stride_ob + head[:, None] * stride_oh + d[None, :], o.to(O.dtype.element_ty),
+                 mask=store_mask)
 
 
 @triton.jit
@@ -143,21 +168,35 @@ def _num_sms(device: torch.device) -> int:
     return 4   # the interpreter: a small number keeps CPU tests quick but still exercises split-K
 
 
-# Tuning defaults (chosen on the H200, see docs/kernels.md).
+# Tuning defaults, chosen on the H200 with perf/kernels/bench_decode_attention.py --sweep
+# (docs/kernels.md has the sweeps). GQA: one KV head per program, 64-token tiles. MHA (one query
+# head per KV head): two KV heads per program with 32-token tiles read 512 contiguous bytes per
+# token instead of 256 and went from 2.6 to 4.0 TB/s (64 x 2k); the same change did not help GQA.
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 3
-MIN_SPLIT_TOKENS = 256      # fewer tokens per split cost more in merge traffic than they gain
+MHA_HEADS_PER_PROGRAM = 2
+MHA_BLOCK_N = 32
+HEAD_FASTEST = True         # grid order: consecutive programs are the KV heads of one request
+PROGRAMS_PER_SM = 4         # split-K until about this many programs per SM (graph-timed sweep)
 MAX_SPLITS = 64
-TARGET_WAVES = 2            # aim for this many programs per SM before splitting stops
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device,
+def default_config(num_q_heads: int, num_kv_heads: int) -> dict:
+    """Tile, warps, stages and KV heads per program for this head layout."""
+    if num_q_heads == num_kv_heads and num_kv_heads % MHA_HEADS_PER_PROGRAM == 0:
+        return dict(block_n=MHA_BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+                    heads_per_program=MHA_HEADS_PER_PROGRAM)
+    return dict(block_n=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES, heads_per_program=1)
+
+
+def choose_num_splits(batch: int, num_programs_per_request: int, max_context: int, device: torch.device,
                       block_n: int = BLOCK_N) -> int:
-    """Static split-K heuristic: enough programs to fill the GPU, never splits shorter than MIN_SPLIT_TOKENS."""
-    programs = batch * num_kv_heads
-    want = triton.cdiv(TARGET_WAVES * _num_sms(device), max(1, programs))
-    by_len = triton.cdiv(max(1, max_context), max(MIN_SPLIT_TOKENS, block_n))
+    """Static split-K heuristic from host-known shapes: about PROGRAMS_PER_SM programs per SM, and
+    at least one tile per split. Measured (graph-timed): 1 x 8k GQA best at 32 splits, 64 x 512 at 1."""
+    programs = max(1, batch * num_programs_per_request)
+    want = PROGRAMS_PER_SM * _num_sms(device) // programs
+    by_len = triton.cdiv(max(1, max_context), block_n)
     return max(1, min(want, by_len, MAX_SPLITS))
 
 
@@ -165,12 +204,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
                            max_context: int | None = None, num_splits: int | None = None,
                            debug: bool | None = None, block_n: int | None = None, num_warps: int | None = None,
-                           num_stages: int | None = None, use_dot: bool | None = None) -> torch.Tensor:
+                           num_stages: int | None = None, use_dot: bool | None = None,
+                           heads_per_program: int | None = None, head_fastest: bool | None = None) -> torch.Tensor:
     """q [B, Hq, D]; page_table int32 [B, max_pages]; context_lens int32 [B] -> out [B, Hq, D].
 
     max_context: an upper bound of context_lens known on the host (default: the page table's
     capacity, max_pages * page_size); it only sizes the split-K heuristic. num_splits overrides the
-    heuristic. block_n/num_warps/num_stages/use_dot are tuning knobs for tests and benchmarks.
+    heuristic. block_n, num_warps, num_stages, use_dot, heads_per_program (KV heads per program)
+    and head_fastest (grid order) are tuning knobs for tests and benchmarks.
     """
     b, hq, d = q.shape
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, b, "context_lens")
@@ -186,16 +227,20 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if q.stride(-1) != 1:
         q = q.contiguous()
     group = hq // hkv
-    block_n = block_n or BLOCK_N
+    cfg = default_config(hq, hkv)
+    block_n = block_n or cfg["block_n"]
+    heads = heads_per_program or (1 if use_dot is False else cfg["heads_per_program"])
+    if hkv % heads:
+        raise ValueError(f"paged_decode_attention: heads_per_program {heads} does not divide {hkv} KV heads")
     if max_context is None:
         max_context = page_table.shape[1] * page_size
     if num_splits is None:
-        num_splits = choose_num_splits(b, hkv, max_context, q.device, block_n)
+        num_splits = choose_num_splits(b, hkv // heads, max_context, q.device, block_n)
     if use_dot is None:
-        use_dot = group > 1
-    if not use_dot and group != 1:
-        raise ValueError("paged_decode_attention: use_dot=False needs one query head per KV head")
-    block_g = max(16, triton.next_power_of_2(group)) if use_dot else 1
+        use_dot = group * heads > 1
+    if not use_dot and group * heads != 1:
+        raise ValueError("paged_decode_attention: use_dot=False needs one query head per program")
+    block_r = max(16, triton.next_power_of_2(group * heads)) if use_dot else 1
     block_d = triton.next_power_of_2(d)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     split = num_splits > 1
@@ -204,14 +249,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         plse = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
     else:
         po = plse = out        # unused
-    _decode_split_kernel[(b, hkv, num_splits)](
+    head_fastest = HEAD_FASTEST if head_fastest is None else head_fastest
+    grid = (hkv // heads, b, num_splits) if head_fastest else (b, hkv // heads, num_splits)
+    _decode_split_kernel[grid](
         q, k_cache, v_cache, out, po, plse, page_table, context_lens, scale * LOG2E, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0),
-        GROUP=group, BLOCK_G=block_g, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=block_n, PAGE_SIZE=page_size,
-        SPLIT=split, USE_DOT=use_dot, PRECISION=precision, UPCAST=interpreter_bf16(q.dtype),
-        num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
+        GROUP=group, HEADS=heads, BLOCK_R=block_r, BLOCK_C=heads * block_d, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=block_n,
+        PAGE_SIZE=page_size, SPLIT=split, USE_DOT=use_dot, HEAD_FASTEST=head_fastest, PRECISION=precision,
+        UPCAST=interpreter_bf16(q.dtype),
+        num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     if split:
         _decode_merge_kernel[(b, hq)](

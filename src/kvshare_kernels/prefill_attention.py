@@ -117,10 +117,10 @@ def _prefill_kernel(
 
 
 # Tuning defaults (H200, bf16, head_dim 128; see docs/kernels.md).
-BLOCK_M = 128        # rows = query tokens x heads of one group
+BLOCK_M = 64         # rows = query tokens x heads of one group
 BLOCK_N = 64
-NUM_WARPS = 8
-NUM_STAGES = 3
+NUM_WARPS = 4
+NUM_STAGES = 2
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,

@@ -20,7 +20,8 @@ def test_generate_defaults_send_only_stream_and_counts():
     assert r.prompt == "Hello" and r.stream is True
     assert r.return_num_input_tokens is True and r.return_num_output_tokens is True
     unset = [f for f in ("max_tokens", "temperature", "top_p", "top_k", "min_tokens", "seed", "stop_words",
-                         "cache_salt", "apply_chat_template", "exclude_input_in_output", "repetition_penalty")
+                         "cache_salt", "apply_chat_template", "exclude_input_in_output", "repetition_penalty",
+                         "ignore_eos")
              if getattr(r, f) is not None]
     assert unset == []
 
@@ -28,12 +29,12 @@ def test_generate_defaults_send_only_stream_and_counts():
 def test_generate_options_map_to_request_fields():
     args = parse("generate", "Hi", "--chat", "--max-tokens", "8", "--temperature", "0", "--top-p", "0.5",
                  "--top-k", "3", "--seed", "7", "--stop", "A", "B", "--stop", "C", "--cache-salt", "s",
-                 "--no-stream", "--include-input", "--no-counts", "--url", "h:9", "--json")
+                 "--no-stream", "--include-input", "--no-counts", "--url", "h:9", "--json", "--ignore-eos")
     r = cli.request_from_args(args)
     assert (r.apply_chat_template, r.max_tokens, r.temperature, r.top_p, r.top_k, r.seed) == (True, 8, 0.0, 0.5, 3, 7)
     assert r.stop_words == ("A", "B", "C") and r.cache_salt == "s"
     assert r.stream is False and r.exclude_input_in_output is False
-    assert r.return_num_input_tokens is None and args.json and args.url == "h:9"
+    assert r.return_num_input_tokens is None and args.json and args.url == "h:9" and r.ignore_eos is True
 
 
 def test_prompt_from_stdin():

@@ -27,6 +27,7 @@ ALL_SET = GenerationRequest(
     apply_chat_template=True,
     return_num_input_tokens=True,
     return_num_output_tokens=False,
+    ignore_eos=True,
 )
 
 EXPECTED = {  # name -> (Triton datatype, numpy dtype) of the wire contract
@@ -45,6 +46,7 @@ EXPECTED = {  # name -> (Triton datatype, numpy dtype) of the wire contract
     "return_num_input_tokens": ("BOOL", np.bool_),
     "return_num_output_tokens": ("BOOL", np.bool_),
     "apply_chat_template": ("BOOL", np.bool_),
+    "ignore_eos": ("BOOL", np.bool_),
     "cache_salt": ("BYTES", np.object_),
     "stop_words": ("BYTES", np.object_),
 }

@@ -8,18 +8,16 @@ salt isolation or preemption shows up as a slot that reads the wrong prefix.
 from __future__ import annotations
 
 import hashlib
-import random
 from collections.abc import Sequence
 
 from kvshare.core import Scheduler, StepPlan
 
 
 class ShadowRunner:
-    def __init__(self, scheduler: Scheduler, seed: int = 0, vocab: int = 50) -> None:
+    def __init__(self, scheduler: Scheduler, vocab: int = 50) -> None:
         self.scheduler = scheduler
         self.kv = scheduler.kv
         self.page_size = scheduler.kv.page_size
-        self.rng = random.Random(seed)
         self.vocab = vocab
         self.slots: dict[int, bytes] = {}
         self.tokens: dict[int, list[int]] = {}
@@ -97,7 +95,11 @@ class ShadowRunner:
                 assert pool.refcount(page) == 1, f"seq {chunk.seq_id} writes shared page {page}"
                 self.slots[self.slot(chunk.seq_id, pos)] = self.fingerprint(chunk.seq_id, pos)
             self.tokens_computed += chunk.num_tokens
-        self.pending = {c.seq_id: self.rng.randrange(self.vocab) for c in plan.chunks if c.samples}
+        self.pending = {c.seq_id: self.sample(c.seq_id, c.start + c.num_tokens - 1) for c in plan.chunks if c.samples}
+
+    def sample(self, seq_id: int, pos: int) -> int:
+        """Greedy decoding of a fake model: the next token is a function of the whole prefix."""
+        return self.fingerprint(seq_id, pos)[0] % self.vocab
 
     def complete(self) -> None:
         sampled, self.pending = self.pending or {}, None

@@ -99,6 +99,32 @@ def test_prompt_ending_inside_a_finished_sequences_page_is_copied() -> None:
     sim.run_until_idle()  # the shadow runner checked every position the attention read
 
 
+def test_a_follow_up_turn_reuses_the_previous_answer() -> None:
+    sim = make()
+    sim.add(1, [5, 6, 7, 8, 9], max_new_tokens=4)
+    sim.run_until_idle()
+    sim.finish(1)
+    first_turn = sim.tokens[1]  # 9 tokens; the KV of the last one was never computed
+    sim.add(2, first_turn + [3, 3], max_new_tokens=2)
+    plan = sim.step()
+    # pages 0, 1 are full (8 computed tokens); page 2 would hold the 9th: recomputed, not copied
+    assert sim.scheduler.num_cached_tokens(2) == 8
+    assert plan.copies == ()
+    assert shape(plan) == [(2, 8, 3, True)]
+    assert sim.scheduler.page_table(2)[:2] == (0, 1)
+    sim.finish(2)
+    sim.add(3, [1, 1, 1, 1, 2], max_new_tokens=3)
+    sim.run_until_idle()
+    sim.finish(3)
+    second_turn = sim.tokens[3]  # 8 tokens, 7 computed: page 1 keeps a 3-token tail
+    sim.add(4, second_turn + [3, 3], max_new_tokens=2)
+    plan = sim.step()
+    assert sim.scheduler.num_cached_tokens(4) == 7
+    (copy,) = plan.copies
+    assert copy.num_tokens == 3
+    assert shape(plan) == [(4, 7, 3, True)]
+
+
 def test_a_request_larger_than_the_pool_is_rejected_up_front() -> None:
     sim = make(num_pages=4, page_size=4)
     sim.add(1, list(range(10)), max_new_tokens=7)  # 16 KV tokens = 4 pages: fits exactly

@@ -18,7 +18,7 @@ BASES = ([1, 2, 1, 2, 3, 1, 2, 1], [1, 2, 3, 3, 3, 2, 1, 0, 1], [2, 0, 2, 0])
 
 
 def colliding_hash(data: bytes) -> bytes:
-    return blake2b_128(data)[:1]  # 256 keys: collisions every few pages
+    return bytes([blake2b_128(data)[0] & 3])  # 4 keys: most registrations collide
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -55,6 +55,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     def add(self, base, keep, tail, salt, max_new_tokens):
         prompt = base[:keep] + tail or [0]
         self.sim.add(self.next_id, prompt, salt=salt, max_new_tokens=max_new_tokens)
+        self.next_id += 1
+
+    @precondition(lambda self: self.next_id > 0)
+    @rule(data=st.data(), tail=st.lists(st.integers(0, 3), max_size=2))
+    def add_follow_up(self, data, tail):
+        """A next turn: an earlier sequence's prompt + generated tokens (possibly cut) + new tokens."""
+        earlier = self.sim.tokens[data.draw(st.integers(0, self.next_id - 1), label="earlier")]
+        keep = data.draw(st.one_of(st.just(len(earlier)), st.integers(1, len(earlier))), label="keep")
+        self.sim.add(self.next_id, earlier[:keep] + tail, max_new_tokens=data.draw(st.integers(1, 4)))
         self.next_id += 1
 
     @precondition(lambda self: not self.sim.scheduler.has_inflight)

@@ -52,6 +52,21 @@ def test_decode_mha_dot_or_not(use_dot, device):
     _check(kernels, case, 2, 16, torch.float32, device, num_splits=2, block_n=16, use_dot=use_dot)
 
 
+@pytest.mark.parametrize("hq,hkv,heads", [(4, 2, 2), (2, 2, 2), (8, 4, 2), (4, 4, 4)])
+@pytest.mark.parametrize("head_fastest", [False, True])
+def test_decode_several_kv_heads_per_program(hq, hkv, heads, head_fastest, device):
+    # block-diagonal query: one program, several KV heads; both grid orders; split and not
+    case = make_case(LENS, 4, hkv, 16, torch.float32, device, seed=hq + heads)
+    for splits in (1, 2):
+        _check(kernels, case, hq, 16, torch.float32, device, num_splits=splits, block_n=16,
+               heads_per_program=heads, head_fastest=head_fastest)
+
+
+def test_decode_several_heads_odd_head_dim_bf16(device):
+    case = make_case([3, 29], 16, 2, 24, torch.bfloat16, device, seed=17)
+    _check(kernels, case, 2, 24, torch.bfloat16, device, num_splits=2, block_n=16, heads_per_program=2)
+
+
 def test_decode_many_splits_some_empty(device):
     # more splits than a short request has tiles: empty splits must merge as nothing
     case = make_case([3, 40], 4, 2, 16, torch.float32, device, seed=9)

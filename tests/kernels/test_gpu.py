@@ -43,10 +43,13 @@ def test_decode_full_bf16(page_size, hq, hkv):
     k, v, pt, lens = _pool(DECODE_LENS, page_size, hkv, 128, torch.bfloat16, seed=page_size + hq)
     q = torch.randn(len(DECODE_LENS), hq, 128, device="cuda", dtype=torch.bfloat16)
     ref = reference.paged_decode_attention(q, k, v, pt, lens, 128 ** -0.5)
-    for splits in (None, 1, 16):
+    variants = [dict(num_splits=s) for s in (None, 1, 16)]
+    variants += [dict(heads_per_program=2, head_fastest=True, block_n=32, num_splits=3),
+                 dict(heads_per_program=4, block_n=32, num_warps=8), dict(head_fastest=False), dict(head_fastest=True)]
+    for cfg in variants:
         out = torch.full_like(q, float("nan"))
-        kernels.paged_decode_attention(q, k, v, pt, lens, 128 ** -0.5, out, num_splits=splits)
-        assert rel_err(out, ref) < BF16_TOL, (page_size, hq, hkv, splits)
+        kernels.paged_decode_attention(q, k, v, pt, lens, 128 ** -0.5, out, **cfg)
+        assert rel_err(out, ref) < BF16_TOL, (page_size, hq, hkv, cfg)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

@@ -170,7 +170,7 @@ class KVCacheManager:
         if not (self.enable_prefix_caching and record.registrable):
             return
         size = self.page_size
-        while (len(record.chain) + 1) * size <= num_computed + 1:
+        while (len(record.chain) + 1) * size <= num_computed:
             index = len(record.chain)
             tokens = token_ids[index * size : (index + 1) * size]
             page = record.table[index]

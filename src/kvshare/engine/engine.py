@@ -123,7 +123,11 @@ class LLMEngine:
         return self._finish(state, (), "", reason, error)
 
     def abort_all(self, reason: str, error: str | None = None) -> list[RequestOutput]:
-        return [self._finish(s, (), "", reason, error) for s in list(self._by_request.values())]
+        """Ends every request (shutdown, or a step that raised: its half-done plan is dropped too)."""
+        outputs = [self._finish(s, (), "", reason, error) for s in list(self._by_request.values())]
+        if self.scheduler.has_inflight:
+            self.scheduler.on_step_done({})   # every sequence of the plan is finished: nothing commits
+        return outputs
 
     @property
     def has_work(self) -> bool:

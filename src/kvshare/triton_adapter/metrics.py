@@ -10,9 +10,13 @@ class EngineMetrics:
     def __init__(self, pb, model_name: str):
         labels = {"model": model_name}
         G, C, H = pb.MetricFamily.GAUGE, pb.MetricFamily.COUNTER, pb.MetricFamily.HISTOGRAM
+        # A Metric is dead once its MetricFamily is garbage-collected: keep the families alive.
+        self._families = []
 
         def metric(name: str, kind, help_text: str, **kw):
-            return pb.MetricFamily(name=name, description=help_text, kind=kind).Metric(labels=labels, **kw)
+            family = pb.MetricFamily(name=name, description=help_text, kind=kind)
+            self._families.append(family)
+            return family.Metric(labels=labels, **kw)
 
         self.gauges = {
             "total": metric("kvshare_kv_pages_total", G, "KV pages in the pool"),

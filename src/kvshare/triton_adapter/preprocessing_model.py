@@ -8,21 +8,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
-from ..runtime.weights import default_model_source
-from .inputs import text_input
+from ..runtime.tokenizer import encode_prompt, load_tokenizer
+from .inputs import sampling_params, text_input
 from .response_stream import error_response
-
-
-def load_tokenizer(source: str | None):
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    path = Path(source or default_model_source())
-    if path.suffix == ".gguf":
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 class PreprocessingModel:
@@ -38,11 +26,15 @@ class PreprocessingModel:
 
     def _one(self, request):
         def get(name):
-            t = pb_utils.get_input_tensor_by_name(request, name)
+            try:
+                t = pb_utils.get_input_tensor_by_name(request, name)
+            except Exception:  # a request with no inputs at all (the ensemble forwards it as is)
+                return None
             return None if t is None else t.as_numpy()
 
         try:
             text = text_input(get)
+            sampling_params(get, default_max_tokens=1)   # fail fast, before tokenizing; the engine re-reads them
             chat = get("apply_chat_template")
             use_chat = self.default_chat if chat is None else bool(chat.reshape(-1)[0])
             ids = self._tokenize(text, use_chat)
@@ -52,9 +44,7 @@ class PreprocessingModel:
             pb_utils.Tensor("input_ids", np.array([ids], dtype=np.int32))])
 
     def _tokenize(self, text: str, chat: bool) -> list[int]:
-        if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise InvalidRequest("apply_chat_template", "this model has no chat template")
-            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                                           add_generation_prompt=True, return_dict=False))
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
+        try:
+            return encode_prompt(self.tokenizer, text, chat=chat)
+        except ValueError as exc:
+            raise InvalidRequest("apply_chat_template", str(exc)) from None

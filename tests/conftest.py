@@ -1,0 +1,45 @@
+"""Shared fixtures. `triton_server` starts the REAL Triton Inference Server on model_repository/
+(SmolLM2-135M-Instruct on the CPU) once per test session, on free ports."""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def triton_server():
+    from kvshare import launch
+
+    addr = launch.ServerAddress("127.0.0.1", _free_port(), _free_port(), _free_port())
+    log_path = Path(tempfile.mkdtemp(prefix="kvshare-server-")) / "tritonserver.log"
+    env = {"KVSHARE_DEBUG_CHECKS": "true", "KVSHARE_LOG_LEVEL": "INFO"}
+    proc = launch.start(ROOT / "model_repository", addr, log_path=log_path, extra_env=env)
+    try:
+        launch.wait_ready(proc, addr, timeout_s=float(os.environ.get("KVSHARE_TEST_SERVER_TIMEOUT", "400")))
+    except Exception as exc:
+        launch.stop(proc)
+        tail = log_path.read_text(errors="replace")[-6000:]
+        pytest.fail(f"the Triton server did not start: {exc}\n--- server log tail ---\n{tail}")
+    yield addr
+    launch.stop(proc)
+    if os.environ.get("KVSHARE_TEST_SHOW_SERVER_LOG"):
+        print(log_path.read_text(errors="replace")[-4000:])
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from kvshare.runtime.tokenizer import load_tokenizer
+
+    return load_tokenizer(None)

@@ -1,0 +1,133 @@
+"""Bad input gets INVALID_ARG naming the field; cancellation ends the request and frees its pages."""
+from __future__ import annotations
+
+import queue
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from kvshare_client import GenerationRequest, KvshareClient, ServerError
+
+from server_helpers import wait_for_idle_pool
+
+pytestmark = pytest.mark.server
+
+
+def raw_stream(url: str, model: str, inputs: dict[str, tuple[np.ndarray, str]], timeout: float = 120.0):
+    """Sends hand-made tensors (wrong dtypes and shapes included) and returns (responses, error)."""
+    client = grpcclient.InferenceServerClient(url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    tensors = []
+    for name, (arr, dtype) in inputs.items():
+        t = grpcclient.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
+        tensors.append(t)
+    client.async_stream_infer(model, tensors, enable_empty_final_response=True)
+    responses = []
+    try:
+        while True:
+            result, error = results.get(timeout=timeout)
+            if error is not None:
+                return responses, str(error)
+            responses.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return responses, None
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def text(s: str | bytes) -> tuple[np.ndarray, str]:
+    return np.array([[s if isinstance(s, bytes) else s.encode()]], dtype=np.object_), "BYTES"
+
+
+def i32(v, shape=(1, 1)) -> tuple[np.ndarray, str]:
+    return np.full(shape, v, dtype=np.int32), "INT32"
+
+
+def f32(v) -> tuple[np.ndarray, str]:
+    return np.array([[v]], dtype=np.float32), "FP32"
+
+
+BAD_ENSEMBLE_INPUTS = {
+    "empty text": ({"text_input": text("   ")}, "text_input"),
+    "missing text": ({"max_tokens": i32(4)}, "text_input"),
+    "invalid utf-8": ({"text_input": text(b"caf\xe9 \xff")}, "text_input"),
+    "prompt longer than the context": ({"text_input": text("word " * 9000), "max_tokens": i32(4)}, "input_ids"),
+    "max_tokens zero": ({"text_input": text("hi"), "max_tokens": i32(0)}, "max_tokens"),
+    "max_tokens negative": ({"text_input": text("hi"), "max_tokens": i32(-5)}, "max_tokens"),
+    "max_tokens past the context": ({"text_input": text("hi"), "max_tokens": i32(100_000)}, "max_tokens"),
+    "temperature negative": ({"text_input": text("hi"), "temperature": f32(-0.5)}, "temperature"),
+    "top_p zero": ({"text_input": text("hi"), "top_p": f32(0.0)}, "top_p"),
+    "top_p above one": ({"text_input": text("hi"), "top_p": f32(1.5)}, "top_p"),
+    "top_k negative": ({"text_input": text("hi"), "top_k": i32(-1)}, "top_k"),
+    "wrong dtype": ({"text_input": text("hi"), "max_tokens": (np.array([[4.0]], dtype=np.float32), "FP32")}, "max_tokens"),
+    "wrong shape": ({"text_input": text("hi"), "max_tokens": i32(4, shape=(1, 3))}, "max_tokens"),
+    "empty stop word": ({"text_input": text("hi"), "stop_words": (np.array([[b"ok", b""]], dtype=np.object_), "BYTES")},
+                        "stop_words"),
+    "stop words not strings": ({"text_input": text("hi"), "stop_words": (np.array([[1, 2]], dtype=np.int32), "INT32")},
+                               "stop_words"),
+    "min_tokens above max_tokens": ({"text_input": text("hi"), "max_tokens": i32(4), "min_tokens": i32(9)}, "min_tokens"),
+    "presence penalty out of range": ({"text_input": text("hi"), "presence_penalty": f32(5.0)}, "presence_penalty"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ENSEMBLE_INPUTS))
+def test_bad_input_is_rejected_with_the_field_named(triton_server, case):
+    inputs, field = BAD_ENSEMBLE_INPUTS[case]
+    responses, error = raw_stream(triton_server.grpc_url, "ensemble", inputs)
+    assert error is not None, f"{case}: expected an error, got {len(responses)} responses"
+    assert field in error, f"{case}: error does not name '{field}': {error}"
+
+
+@pytest.mark.parametrize("ids,field", [(np.zeros((1, 0), np.int32), "input_ids"),
+                                       (np.array([[1, 2, 10**6]], np.int32), "input_ids"),
+                                       (np.array([[1, 2], [3, 4]], np.int32), "input_ids")])
+def test_bad_token_ids_are_rejected(triton_server, ids, field):
+    _, error = raw_stream(triton_server.grpc_url, "llm_engine", {"input_ids": (ids, "INT32")})
+    assert error is not None and field in error, error
+
+
+def test_server_keeps_serving_after_bad_input(triton_server):
+    for inputs, _ in BAD_ENSEMBLE_INPUTS.values():
+        raw_stream(triton_server.grpc_url, "ensemble", inputs)
+    with KvshareClient(triton_server.grpc_url, stream_timeout=120) as client:
+        done = client.generate(GenerationRequest(prompt="The capital of France is", max_tokens=5, temperature=0.0))
+    assert done.finish_reason == "length" and done.text
+    wait_for_idle_pool(triton_server.metrics_url)
+
+
+def test_client_error_type_carries_the_server_message(triton_server):
+    with KvshareClient(triton_server.grpc_url, stream_timeout=60) as client:
+        with pytest.raises(ServerError, match="temperature"):
+            client.generate(GenerationRequest(prompt="hi", temperature=-1.0))
+
+
+def test_cancel_mid_stream_frees_the_requests_pages(triton_server):
+    with KvshareClient(triton_server.grpc_url, stream_timeout=120) as client:
+        stream = client.stream(GenerationRequest(prompt="Count from one to one thousand:", max_tokens=400,
+                                                 ignore_eos=True, temperature=0.0, stream=True))
+        got = []
+        for chunk in stream:
+            got.append(chunk)
+            if len(got) == 3:
+                break
+        stream.cancel()
+    assert len(got) == 3 and not got[-1].is_final
+    gauges = wait_for_idle_pool(triton_server.metrics_url)
+    assert gauges["kvshare_kv_pages_free"] + gauges["kvshare_kv_pages_cached"] == gauges["kvshare_kv_pages_total"]
+
+
+def test_many_cancellations_leave_no_page_referenced(triton_server):
+    with KvshareClient(triton_server.grpc_url, stream_timeout=120) as client:
+        streams = [client.stream(GenerationRequest(prompt=f"Story {i}: a dragon", max_tokens=300, ignore_eos=True,
+                                                   temperature=0.7, seed=i, stream=True)) for i in range(6)]
+        for s in streams:
+            next(iter(s))
+        time.sleep(0.5)
+        for s in streams:
+            s.cancel()
+    wait_for_idle_pool(triton_server.metrics_url)

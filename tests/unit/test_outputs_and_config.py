@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+
+from kvshare.engine.engine_config import EngineConfig
+from kvshare.engine.outputs import RequestOutput, coalesce
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def out(rid, text, ids, finished=False, reason=None, n=1):
+    return RequestOutput(rid, tuple(ids), text, finished, reason, 5, n, 0)
+
+
+def test_coalesce_merges_per_request_in_order():
+    merged = coalesce([out("a", "He", [1]), out("b", "x", [9]), out("a", "llo", [2], n=2),
+                       out("a", "!", [3], True, "stop", n=3)])
+    assert [(m.request_id, m.text, m.token_ids, m.finished, m.num_output_tokens) for m in merged] == [
+        ("a", "Hello!", (1, 2, 3), True, 3), ("b", "x", (9,), False, 1)]
+
+
+def test_engine_config_from_strings_and_errors():
+    c = EngineConfig.from_mapping({"page_size": "32", "enable_prefix_caching": "false", "num_pages": "none",
+                                   "kv_cache_memory_gb": "0.25", "model": "dummy:tiny-llama"})
+    assert (c.page_size, c.enable_prefix_caching, c.num_pages, c.kv_cache_memory_gb) == (32, False, None, 0.25)
+    with pytest.raises(ValueError, match="page_sise"):
+        EngineConfig.from_mapping({"page_sise": "16"})
+    with pytest.raises(ValueError, match="max_running"):
+        EngineConfig.from_mapping({"max_running": "many"})
+
+
+def test_committed_model_repository_matches_its_generator(tmp_path):
+    spec = importlib.util.spec_from_file_location("gen", ROOT / "scripts" / "generate_model_repository.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    for name, make in gen.CONFIGS.items():
+        assert (ROOT / "model_repository" / name / "config.pbtxt").read_text() == make(), \
+            f"{name}/config.pbtxt drifted: run python scripts/generate_model_repository.py"
