@@ -23,7 +23,6 @@ bandwidth:
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import triton
@@ -224,6 +223,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     if q.dtype != k_cache.dtype:
         raise ValueError(f"paged_decode_attention: q is {q.dtype}, the cache {k_cache.dtype}")
+    if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"paged_decode_attention: out must be {q.dtype} {tuple(q.shape)} with a contiguous head_dim")
     if q.stride(-1) != 1:
         q = q.contiguous()
     group = hq // hkv

@@ -142,6 +142,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         checks.check_page_table_values(page_table, context_lens, num_pages, page_size)
     if out is None:
         out = torch.empty_like(q)
+    if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"paged_prefill_attention: out must be {q.dtype} {tuple(q.shape)} with a contiguous head_dim")
     if t == 0 or nb == 0:
         return out
     if q.stride(-1) != 1:

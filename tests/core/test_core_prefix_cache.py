@@ -55,6 +55,9 @@ def test_a_forced_hash_collision_is_a_miss_never_a_wrong_page() -> None:
     assert cache.entry_of(1) is None
     page_two = cache.register_full(cache.entry_of(0), b"", [5, 6], 2)  # type: ignore[arg-type]
     assert page_two is None  # its key collides with page 0's entry, whose parent differs
+    # same tokens and key one level down: page 0's KV was computed at positions 0-1, not 2-3
+    assert [e.page for e in cache.match([1, 2, 1, 2, 0], b"", 4).full] == [0]
+    assert cache.register_full(cache.entry_of(0), b"", [1, 2], 3) is None  # type: ignore[arg-type]
     cache.check_integrity()
 
 

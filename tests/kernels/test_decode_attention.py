@@ -101,3 +101,16 @@ def test_decode_empty_batch(device):
     q = torch.empty(0, 4, 16, device=device)
     out = kernels.paged_decode_attention(q, case.k_cache, case.v_cache, case.page_table[:0], case.context_lens[:0], 1.0)
     assert out.shape == (0, 4, 16)
+
+
+@pytest.mark.parametrize("impl", [kernels, reference], ids=["triton", "reference"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_padding_request_with_empty_context(impl, num_splits, device):
+    # CUDA-graph batches are padded with dummy requests: context_len 0 must give zeros, not NaN
+    case = make_case([5, 9], 4, 2, 16, torch.float32, device, seed=23)
+    lens = torch.tensor([0, 9], dtype=torch.int32, device=device)
+    q = torch.randn(2, 4, 16, device=device)
+    kw = dict(num_splits=num_splits, block_n=16) if impl is kernels else {}
+    out = impl.paged_decode_attention(q, case.k_cache, case.v_cache, case.page_table, lens, 0.25, **kw)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert rel_err(out[1], dense_attention(q[1:], case.dense_k[1], case.dense_v[1], 0.25)[0]) < TOL[torch.float32]

@@ -131,7 +131,7 @@ class PrefixCache:
         return PrefixMatch(tuple(full), partial, run)
 
     def _verifies(self, entry: CachedPage, parent: PrefixNode, salt: bytes, tokens: tuple[int, ...]) -> bool:
-        return entry.alive and entry.salt == salt and entry.tokens == tokens
+        return entry.alive and entry.parent is parent and entry.salt == salt and entry.tokens == tokens
 
     def _candidates(self, node: PrefixNode, first_token: int) -> list[CachedPage]:
         siblings = node.children.get(first_token)
