@@ -9,12 +9,13 @@ perf_analyzer's ``--profile-export-file`` records, per request, the send ``times
   ITL  = gap between consecutive content responses / tokens in the later one (one sample per gap)
   TPOT = per request (last - first content response) / (output tokens - 1)
   E2E  = last response - send time
-Tokens per response: num_output_tokens when the model returns it, else the length of output_ids,
-else 1. Empty responses carry no content and are skipped.
+Tokens per response: num_output_tokens when the request asked for it (return_num_output_tokens),
+else the length of output_ids, else 1 per non-empty text delta. Empty responses are skipped.
 
-perf_analyzer 2.51 records the flag-only final response too, and fills the outputs it lacks with
-uninitialised memory (seen: num_input_tokens 365879811). So the last response counts as empty when
-its text (or id list) is empty, whatever its numbers say, and implausible counts are not trusted.
+perf_analyzer 2.51 exports every output of the model config for every response, and fills the ones
+a response lacks with stale or uninitialised memory (seen: num_output_tokens 1575638417 on responses
+that had none, num_input_tokens 365879811 on the flag-only final one). So counts are read only when
+requested, and the last response counts as empty when its text (or id list) is empty.
 """
 
 from __future__ import annotations
@@ -84,14 +85,18 @@ def _looks_empty(output: dict[str, Any]) -> bool:
     return isinstance(ids, list) and not ids
 
 
-def response_tokens(output: Any, *, is_last: bool = False) -> int:
-    """Tokens carried by one exported response (0 for an empty one)."""
+def response_tokens(output: Any, *, is_last: bool = False, counts_requested: bool = False) -> int:
+    """Tokens carried by one exported response (0 for an empty one).
+
+    num_output_tokens is only read when the request asked for it (return_num_output_tokens):
+    otherwise the server leaves it out and perf_analyzer exports whatever its buffer held.
+    """
     if not output or (is_last and _looks_empty(output)):
         return 0
     n = output.get("num_output_tokens")
     if isinstance(n, list):
         n = n[0] if n else None
-    if isinstance(n, int) and 0 <= n <= MAX_TOKENS_PER_RESPONSE:
+    if counts_requested and isinstance(n, int) and 0 <= n <= MAX_TOKENS_PER_RESPONSE:
         return n
     ids = output.get("output_ids")
     if ids is not None:
@@ -109,7 +114,9 @@ def request_timing(req: dict[str, Any]) -> Optional[RequestTiming]:
     if outputs is None or len(outputs) != len(times):
         outputs = [{"_": 1}] * len(times)  # no outputs recorded: count every response as one token
     last = len(times) - 1
-    content = [(int(t), response_tokens(o, is_last=i == last)) for i, (t, o) in enumerate(zip(times, outputs))]
+    asked = bool((req.get("request_inputs") or {}).get("return_num_output_tokens"))
+    content = [(int(t), response_tokens(o, is_last=i == last, counts_requested=asked))
+               for i, (t, o) in enumerate(zip(times, outputs))]
     content = [(t, n) for t, n in content if n > 0]
     if not content:
         return None

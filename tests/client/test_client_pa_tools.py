@@ -55,8 +55,8 @@ def test_text_inputs_from_a_workload_file(tmp_path):
     assert entry["text_input"]["content"] == ["你好"] and entry["cache_salt"]["content"] == ["a"]
 
 
-def request(ts, times, outputs):
-    return {"timestamp": ts, "request_inputs": {}, "response_timestamps": times, "response_outputs": outputs}
+def request(ts, times, outputs, **inputs):
+    return {"timestamp": ts, "request_inputs": inputs, "response_timestamps": times, "response_outputs": outputs}
 
 
 MS = 1_000_000
@@ -68,9 +68,12 @@ EXPORT = {
             request(0, [10 * MS, 20 * MS, 30 * MS, 31 * MS],
                     [{"text_output": "a", "num_output_tokens": 1}, {"text_output": "b", "num_output_tokens": 1},
                      {"text_output": "c", "num_output_tokens": 1},
-                     {"text_output": "", "num_output_tokens": 365886114, "num_input_tokens": 365879811}]),
-            # one response carrying 2 tokens after the first
-            request(5 * MS, [25 * MS, 45 * MS], [{"output_ids": 7}, {"output_ids": [8, 9]}]),
+                     {"text_output": "", "num_output_tokens": 365886114, "num_input_tokens": 365879811}],
+                    return_num_output_tokens=True),
+            # counts not requested: num_output_tokens is stale buffer content, ids tell the truth;
+            # the second response carries 2 tokens
+            request(5 * MS, [25 * MS, 45 * MS], [{"output_ids": 7, "num_output_tokens": 0},
+                                                 {"output_ids": [8, 9], "num_output_tokens": 1575638417}]),
             # a request that got nothing (failed) is left out
             request(6 * MS, [], []),
         ],

@@ -16,6 +16,13 @@ IDS = [504, 3458, 314, 253, 4214, 30, 1204, 2496, 288, 1102, 314, 2040, 30, 378,
 FREE_WITHIN_S = 15.0
 
 
+def assert_server_busy(metrics_url):
+    # Gauges are published on the engine's cadence: see the request counted before cancelling,
+    # or a stale 0 read afterwards would pass for "freed".
+    running = wait_for_metric(metrics_url, "kvshare_requests_running", lambda v: v >= 1, 10.0)
+    assert running is not None and running >= 1, f"the request never showed up as running ({running})"
+
+
 def assert_server_idle(metrics_url):
     for name in ("kvshare_requests_running", "kvshare_kv_pages_active"):
         assert metric(metrics_url, name) is not None, f"the server does not export {name}"
@@ -30,6 +37,7 @@ def test_sync_cancel_on_llm_engine_gets_a_final_result_and_frees_pages(triton_se
         with client.stream(GenerationRequest(input_ids=IDS, **LONG), model="llm_engine") as s:
             for i, _ in enumerate(s):
                 if i == 2:
+                    assert_server_busy(triton_server.metrics_url)
                     break  # leaving the with block cancels the gRPC stream
         c = s.completion()
         assert c.cancelled and c.finish_reason == "cancelled" and len(c.token_ids) >= 3
@@ -47,6 +55,7 @@ def test_async_cancel_on_llm_engine(triton_server):
             async for _ in s:
                 n += 1
                 if n == 3:
+                    await asyncio.to_thread(assert_server_busy, triton_server.metrics_url)
                     s.cancel()
             return s.completion()
 
@@ -62,6 +71,7 @@ def test_cancel_through_the_ensemble_ends_the_client_stream(triton_server):
         with client.stream(request) as s:
             for i, _ in enumerate(s):
                 if i == 2:
+                    assert_server_busy(triton_server.metrics_url)
                     break
         assert s.completion().cancelled and s.completion().finish_reason == "cancelled"
     # Leave the server idle for the next tests whatever happens to the cancelled request.
@@ -80,6 +90,7 @@ def test_cancel_through_the_ensemble_frees_the_request(triton_server):
             with client.stream(request) as s:
                 for i, _ in enumerate(s):
                     if i == 2:
+                        assert_server_busy(triton_server.metrics_url)
                         break
         assert wait_for_metric(triton_server.metrics_url, "kvshare_requests_running", lambda v: v == 0, 3.0) == 0
     finally:

@@ -28,10 +28,10 @@ class ShadowRunner:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def add(self, seq_id: int, prompt: Sequence[int], *, salt: bytes = b"", max_new_tokens: int = 4) -> None:
+    def add(self, seq_id: int, prompt: Sequence[int], *, salt: bytes | str = b"", max_new_tokens: int = 4) -> None:
         self.scheduler.add(seq_id, prompt, salt=salt, max_new_tokens=max_new_tokens)
         self.tokens[seq_id] = list(prompt)
-        self.salts[seq_id] = salt
+        self.salts[seq_id] = salt.encode() if isinstance(salt, str) else salt
         self.fingerprints[seq_id] = []
 
     def fingerprint(self, seq_id: int, pos: int) -> bytes:

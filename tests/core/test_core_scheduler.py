@@ -85,6 +85,18 @@ def test_prefix_hits_share_physical_pages_between_running_sequences() -> None:
     assert (stats.prefix_queries_tokens_total, stats.prefix_hits_tokens_total) == (19, 8)
 
 
+def test_cache_salt_as_str_or_bytes_isolates_tenants() -> None:
+    sim = make()
+    sim.add(1, list(range(9)), salt="tenant-a", max_new_tokens=4)
+    sim.step()
+    sim.add(2, list(range(9)), salt=b"tenant-a", max_new_tokens=4)
+    sim.add(3, list(range(9)), salt="tenant-b", max_new_tokens=4)
+    sim.step()
+    assert sim.scheduler.num_cached_tokens(2) == 8
+    assert sim.scheduler.num_cached_tokens(3) == 0
+    assert set(sim.scheduler.page_table(3)).isdisjoint(sim.scheduler.page_table(1))
+
+
 def test_prompt_ending_inside_a_finished_sequences_page_is_copied() -> None:
     sim = make()
     sim.add(1, list(range(10)), max_new_tokens=1)

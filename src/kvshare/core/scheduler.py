@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence as SequenceOf
+from dataclasses import dataclass, field
 
 from kvshare.core.kv_cache_manager import KVCacheManager
 from kvshare.core.sequence import Sequence, SeqState
@@ -57,15 +58,21 @@ class Scheduler:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def add(self, seq_id: int, prompt_ids: SequenceOf[int], *, salt: bytes = b"", max_new_tokens: int) -> None:
-        """Queue a request. One that can never fit in the whole pool is reported in the next plan."""
+    def add(
+        self, seq_id: int, prompt_ids: SequenceOf[int], *, salt: bytes | str = b"", max_new_tokens: int
+    ) -> None:
+        """Queue a request. One that can never fit in the whole pool is reported in the next plan.
+
+        salt: the request's cache_salt (str is UTF-8 encoded); prefixes are shared only within a salt.
+        """
         if seq_id in self._seqs or any(seq_id == rejected for rejected, _ in self._rejected):
             raise ValueError(f"sequence {seq_id} is already known to the scheduler")
         if not prompt_ids:
             raise ValueError(f"sequence {seq_id}: empty prompt")
         if max_new_tokens < 1:
             raise ValueError(f"sequence {seq_id}: max_new_tokens must be >= 1, got {max_new_tokens}")
-        seq = Sequence(seq_id, list(prompt_ids), len(prompt_ids), bytes(salt), max_new_tokens)
+        salt_bytes = salt.encode() if isinstance(salt, str) else bytes(salt)
+        seq = Sequence(seq_id, [int(t) for t in prompt_ids], len(prompt_ids), salt_bytes, max_new_tokens)
         need = self.kv.pages_for(seq.max_kv_tokens())
         if need > self.kv.pool.num_pages:
             self._rejected.append((seq_id, (
@@ -92,44 +99,48 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         if self._inflight is not None:
             raise RuntimeError("schedule() called again before on_step_done() for the previous plan")
-        budget = self.max_step_tokens
-        scheduled: set[int] = set()
-        decodes: list[ScheduledChunk] = []
-        prefills: list[ScheduledChunk] = []
-        copies: list[PageCopy] = []
-        preempted: list[int] = []
+        step = _StepBuilder(self.max_step_tokens)
+        self._schedule_decodes(step)
+        self._schedule_prefills(step)
+        if not step.preempted:  # a step that had to preempt has no room to admit anyone
+            self._admit_waiting(step)
+        chunks = tuple(step.prefills + step.decodes)
+        self._inflight = chunks or None
+        rejected, self._rejected = tuple(self._rejected), []
+        self._debug_check()
+        return StepPlan(chunks, tuple(step.copies), tuple(step.preempted), rejected)
 
+    def _schedule_decodes(self, step: _StepBuilder) -> None:
         for seq in [s for s in self._running.values() if s.remaining == 1]:
-            if budget == 0:
-                break
-            if seq.seq_id in self._running and self._grow(seq, 1, scheduled, preempted):
-                decodes.append(self._chunk(seq, 1, scheduled))
-                budget -= 1
+            if step.budget == 0:
+                return
+            if seq.seq_id in self._running and self._grow(seq, 1, step):
+                step.decodes.append(step.chunk(seq, 1))
 
+    def _schedule_prefills(self, step: _StepBuilder) -> None:
         for seq in [s for s in self._running.values() if s.remaining > 1]:
-            if budget == 0:
-                break
+            if step.budget == 0:
+                return
             if seq.seq_id not in self._running:
                 continue
-            if self.kv.capacity_tokens(seq.seq_id) <= seq.num_computed:
-                if not self._grow(seq, 1, scheduled, preempted):
-                    continue
+            if self.kv.capacity_tokens(seq.seq_id) <= seq.num_computed and not self._grow(seq, 1, step):
+                continue
             # A prefill shrinks its chunk to the pages there are rather than preempt for a full one.
-            granted = min(seq.remaining, self.max_prefill_chunk, budget,
-                          self.kv.capacity_tokens(seq.seq_id) - seq.num_computed)
+            room = self.kv.capacity_tokens(seq.seq_id) - seq.num_computed
+            granted = min(seq.remaining, self.max_prefill_chunk, step.budget, room)
             extended = self.kv.extend(seq.seq_id, seq.num_computed + granted)
             assert extended, f"seq {seq.seq_id}: {granted} tokens fit but extend failed"
-            prefills.append(self._chunk(seq, granted, scheduled))
-            budget -= granted
+            step.prefills.append(step.chunk(seq, granted))
 
-        while self._waiting and not preempted and budget > 0 and len(self._running) < self.max_running:
+    def _admit_waiting(self, step: _StepBuilder) -> None:
+        while self._waiting and step.budget > 0 and len(self._running) < self.max_running:
             seq = next(iter(self._waiting.values()))
             admission = self.kv.admit(
                 seq.seq_id, seq.token_ids, seq.salt,
-                token_budget=min(budget, self.max_prefill_chunk), reserve_pages=len(self._running),
+                token_budget=min(step.budget, self.max_prefill_chunk), reserve_pages=len(self._running),
             )
             if admission is None:
-                break
+                return  # FCFS: nobody overtakes the head of the queue
             del self._waiting[seq.seq_id]
             self._running[seq.seq_id] = seq
             seq.state = SeqState.RUNNING
@@ -137,15 +148,8 @@ class Scheduler:
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = admission.num_cached_tokens
             if admission.copy is not None:
-                copies.append(admission.copy)
-            prefills.append(self._chunk(seq, admission.num_tokens, scheduled))
-            budget -= admission.num_tokens
-
-        chunks = tuple(prefills + decodes)
-        self._inflight = chunks or None
-        rejected, self._rejected = tuple(self._rejected), []
-        self._debug_check()
-        return StepPlan(chunks, tuple(copies), tuple(preempted), rejected)
+                step.copies.append(admission.copy)
+            step.prefills.append(step.chunk(seq, admission.num_tokens))
 
     def on_step_done(self, sampled: Mapping[int, int]) -> None:
         """Commit the computed KV, append the sampled tokens, unpin copy sources.
@@ -178,11 +182,15 @@ class Scheduler:
         return self.kv.page_table(seq_id)
 
     def num_cached_tokens(self, seq_id: int) -> int:
-        return self._seqs[seq_id].num_cached_tokens or 0
+        """Prompt tokens served from the prefix cache at first admission (0 while never admitted)."""
+        return self.sequence(seq_id).num_cached_tokens or 0
 
     def sequence(self, seq_id: int) -> Sequence:
         """Read-only view for the engine (token ids, state); mutate only through this class."""
-        return self._seqs[seq_id]
+        try:
+            return self._seqs[seq_id]
+        except KeyError:
+            raise KeyError(f"unknown sequence {seq_id} (finish() forgets a sequence)") from None
 
     @property
     def num_running(self) -> int:
@@ -201,18 +209,13 @@ class Scheduler:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _chunk(self, seq: Sequence, num_tokens: int, scheduled: set[int]) -> ScheduledChunk:
-        scheduled.add(seq.seq_id)
-        end = seq.num_computed + num_tokens
-        return ScheduledChunk(seq.seq_id, seq.num_computed, num_tokens, samples=end == seq.num_tokens)
-
-    def _grow(self, seq: Sequence, num_tokens: int, scheduled: set[int], preempted: list[int]) -> bool:
+    def _grow(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
         """Pages for num_tokens more tokens of seq, preempting newer unscheduled sequences if needed."""
         while not self.kv.extend(seq.seq_id, seq.num_computed + num_tokens):
-            victim = next((s for s in reversed(self._running.values()) if s.seq_id not in scheduled), None)
+            victim = next((s for s in reversed(self._running.values()) if s.seq_id not in step.scheduled), None)
             if victim is None:
                 return False
-            self._preempt(victim, preempted)
+            self._preempt(victim, step.preempted)
             if victim is seq:
                 return False
         return True
@@ -249,3 +252,19 @@ class Scheduler:
         if not self._running and self._inflight is None:
             active = self.kv.pool.num_active
             assert active == 0, f"nothing running or in flight but {active} pages active (leak)"
+
+
+@dataclass
+class _StepBuilder:
+    budget: int
+    scheduled: set[int] = field(default_factory=set)
+    decodes: list[ScheduledChunk] = field(default_factory=list)
+    prefills: list[ScheduledChunk] = field(default_factory=list)
+    copies: list[PageCopy] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+
+    def chunk(self, seq: Sequence, num_tokens: int) -> ScheduledChunk:
+        self.scheduled.add(seq.seq_id)
+        self.budget -= num_tokens
+        end = seq.num_computed + num_tokens
+        return ScheduledChunk(seq.seq_id, seq.num_computed, num_tokens, samples=end == seq.num_tokens)

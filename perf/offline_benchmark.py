@@ -1,0 +1,234 @@
+"""Offline throughput: kvshare's engine beside HF transformers on the same requests, in one process.
+
+    python perf/offline_benchmark.py --model dummy:llama-2-7b --device cuda --dtype float16 \
+        --workloads seed-12x128,seed-hot10,fixed-64 --baselines generate,no-sharing
+    python perf/offline_benchmark.py            # CPU: SmolLM2-135M, small workloads
+
+Workloads are perf/core/workload_traces.py's seeded token-id traces (closed loop: `concurrency`
+requests in flight; output lengths forced, EOS ignored). HF `generate` runs them as static batches
+of `concurrency` (seed 000's baseline); `generate_batch` is HF's own continuous batching.
+Prints output tok/s, TTFT p50/p95, peak KV pages and the ratios; --json writes the rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "core"))
+from workload_traces import Trace, make_trace  # noqa: E402
+
+from kvshare.engine.engine import LLMEngine  # noqa: E402
+from kvshare.engine.engine_config import EngineConfig  # noqa: E402
+from kvshare.runtime.weights import LoadedModel, load_model  # noqa: E402
+from kvshare.sampling_params import SamplingParams  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Row:
+    workload: str
+    system: str
+    requests: int
+    output_tokens: int
+    seconds: float
+    tok_per_s: float
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    peak_kv_pages: int | None
+    prefix_hit_rate: float | None
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return 1e3 * values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def limit(trace: Trace, max_requests: int | None, output_tokens: int | None, vocab: int) -> Trace:
+    reqs = trace.requests[: max_requests or len(trace.requests)]
+    reqs = tuple(replace(r, prompt_ids=tuple(t % vocab for t in r.prompt_ids),
+                         max_new_tokens=output_tokens or r.max_new_tokens) for r in reqs)
+    return replace(trace, requests=reqs)
+
+
+def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label: str) -> Row:
+    cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
+                       kv_cache_memory_gb=args.kv_gb, max_running=max(trace.concurrency or 64, 1),
+                       max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
+                       enable_prefix_caching=sharing)
+    engine = LLMEngine(cfg, loaded=loaded)
+    pending = list(trace.requests)
+    in_flight: set[str] = set()
+    arrival: dict[str, float] = {}
+    ttft: list[float] = []
+    first_seen: set[str] = set()
+    out_tokens = peak = 0
+    device = torch.device(args.device)
+    _sync(device)
+    start = time.perf_counter()
+    while pending or in_flight:
+        while pending and len(in_flight) < (trace.concurrency or 64):
+            r = pending.pop(0)
+            rid = str(r.request_id)
+            engine.add_request(rid, list(r.prompt_ids), SamplingParams(max_tokens=r.max_new_tokens, temperature=0.0,
+                                                                        ignore_eos=True))
+            arrival[rid] = time.perf_counter()
+            in_flight.add(rid)
+        for o in engine.step():
+            out_tokens += len(o.token_ids)
+            if o.token_ids and o.request_id not in first_seen:
+                first_seen.add(o.request_id)
+                ttft.append(time.perf_counter() - arrival[o.request_id])
+            if o.finished:
+                in_flight.discard(o.request_id)
+        peak = max(peak, engine.stats().pool.active)
+    _sync(device)
+    secs = time.perf_counter() - start
+    pool = engine.stats().pool
+    del engine
+    return Row(trace.name, label, len(trace.requests), out_tokens, secs, out_tokens / secs, _pct(ttft, 0.5),
+               _pct(ttft, 0.95), peak, pool.prefix_hit_rate)
+
+
+def hf_model(loaded: LoadedModel, args):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    dtype = getattr(torch, args.dtype)
+    if loaded.source.startswith("dummy:"):
+        c = loaded.config
+        hf_cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                             num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                             num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+                             max_position_embeddings=c.max_position, rope_theta=c.rope_theta,
+                             tie_word_embeddings=c.tie_word_embeddings)
+        with torch.device(args.device):
+            return AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype).eval()
+    from kvshare.runtime.tokenizer import hf_location
+
+    where, kw = hf_location(loaded.source)
+    return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw).to(args.device).eval()
+
+
+def run_hf_generate(model, trace: Trace, args) -> Row:
+    device = torch.device(args.device)
+    batch = trace.concurrency or 64
+    reqs = list(trace.requests)
+    ttft: list[float] = []
+    out_tokens = 0
+    _sync(device)
+    start = time.perf_counter()
+    for i in range(0, len(reqs), batch):
+        group = reqs[i:i + batch]
+        width = max(len(r.prompt_ids) for r in group)
+        ids = torch.zeros((len(group), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for j, r in enumerate(group):           # left padding, as generate expects for decoder-only models
+            ids[j, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[j, width - len(r.prompt_ids):] = 1
+        n = max(r.max_new_tokens for r in group)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, pad_token_id=0)
+        _sync(device)
+        # A static batch returns everything at the end: every request's first token waits for the whole batch.
+        ttft.extend([time.perf_counter() - t0] * len(group))
+        out_tokens += (out.shape[1] - width) * len(group)
+    secs = time.perf_counter() - start
+    return Row(trace.name, "hf-generate", len(reqs), out_tokens, secs, out_tokens / secs, _pct(ttft, 0.5),
+               _pct(ttft, 0.95), None, None)
+
+
+def run_hf_generate_batch(model, trace: Trace, args) -> Row:
+    from transformers import GenerationConfig
+
+    device = torch.device(args.device)
+    n = max(r.max_new_tokens for r in trace.requests)
+    cfg = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=-1, pad_token_id=0,
+                           max_batch_tokens=args.max_step_tokens)
+    _sync(device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate_batch(inputs=[list(r.prompt_ids) for r in trace.requests], generation_config=cfg,
+                                   progress_bar=False)
+    _sync(device)
+    secs = time.perf_counter() - start
+    tokens = sum(len(v.generated_tokens) for v in out.values())
+    return Row(trace.name, "hf-generate_batch", len(trace.requests), tokens, secs, tokens / secs, None, None, None, None)
+
+
+def print_table(rows: list[Row]) -> None:
+    head = f"{'workload':<16}{'system':<20}{'reqs':>5}{'out tok':>9}{'s':>8}{'tok/s':>9}{'TTFT p50':>10}{'p95 ms':>9}" \
+           f"{'peak pages':>11}{'hit':>6}{'vs hf-gen':>10}"
+    print(head)
+    print("-" * len(head))
+    base = {r.workload: r.tok_per_s for r in rows if r.system == "hf-generate"}
+
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    for r in rows:
+        ratio = r.tok_per_s / base[r.workload] if r.workload in base else None
+        print(f"{r.workload:<16}{r.system:<20}{r.requests:>5}{r.output_tokens:>9}{r.seconds:>8.1f}{r.tok_per_s:>9.1f}"
+              f"{f(r.ttft_p50_ms, '.0f'):>10}{f(r.ttft_p95_ms, '.0f'):>9}{f(r.peak_kv_pages, 'd'):>11}"
+              f"{f(r.prefix_hit_rate, '.2f'):>6}{f(ratio, '.2f'):>10}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help=".gguf, HF dir or dummy:<name>; default SmolLM2-135M")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, help="default: float16 on CUDA, float32 on CPU")
+    ap.add_argument("--workloads", default="seed-12x128,seed-hot10")
+    ap.add_argument("--baselines", default="generate,no-sharing", help="any of generate,generate_batch,no-sharing")
+    ap.add_argument("--max-requests", type=int, default=None, help="cut each trace to this many requests")
+    ap.add_argument("--output-tokens", type=int, default=None, help="override every request's output length")
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--kv-gb", type=float, default=None, help="KV pool size; default 40 on CUDA, 1 on CPU")
+    ap.add_argument("--max-step-tokens", type=int, default=4096)
+    ap.add_argument("--max-prefill-chunk", type=int, default=2048)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
+    args.kv_gb = args.kv_gb or (40.0 if args.device.startswith("cuda") else 1.0)
+    if args.device == "cpu":
+        torch.backends.mkldnn.enabled = True
+    loaded = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    baselines = [b for b in args.baselines.split(",") if b]
+    hf = hf_model(loaded, args) if {"generate", "generate_batch"} & set(baselines) else None
+    rows: list[Row] = []
+    for name in [w for w in args.workloads.split(",") if w]:
+        trace = limit(make_trace(name), args.max_requests, args.output_tokens, loaded.config.vocab_size)
+        print(f"== {trace.name}: {len(trace.requests)} requests, concurrency {trace.concurrency}", flush=True)
+        rows.append(run_kvshare(loaded, trace, args, sharing=True, label="kvshare"))
+        if "no-sharing" in baselines:
+            rows.append(run_kvshare(loaded, trace, args, sharing=False, label="kvshare-no-sharing"))
+        if "generate" in baselines:
+            rows.append(run_hf_generate(hf, trace, args))
+        if "generate_batch" in baselines:
+            try:
+                rows.append(run_hf_generate_batch(hf, trace, args))
+            except Exception as exc:  # its API moves between transformers releases: report, don't hide
+                print(f"   hf generate_batch failed: {type(exc).__name__}: {exc}", flush=True)
+        print_table(rows)
+    dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"\nmachine: {dev}; torch {torch.__version__}; model {loaded.source} {args.dtype}; page size {args.page_size}")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
