@@ -115,8 +115,10 @@ def request_timing(req: dict[str, Any]) -> Optional[RequestTiming]:
         outputs = [{"_": 1}] * len(times)  # no outputs recorded: count every response as one token
     last = len(times) - 1
     asked = bool((req.get("request_inputs") or {}).get("return_num_output_tokens"))
-    content = [(int(t), response_tokens(o, is_last=i == last, counts_requested=asked))
-               for i, (t, o) in enumerate(zip(times, outputs))]
+    content = [
+        (int(t), response_tokens(o, is_last=i == last, counts_requested=asked))
+        for i, (t, o) in enumerate(zip(times, outputs))
+    ]
     content = [(t, n) for t, n in content if n > 0]
     if not content:
         return None
@@ -164,10 +166,16 @@ def export_stats(export: dict[str, Any], *, in_windows: bool = False) -> list[Ex
 
 
 def flat_row(source: str, s: ExperimentStats) -> dict[str, Any]:
-    row: dict[str, Any] = {"source": source, "mode": s.mode, "value": s.value, "requests": s.requests,
-                           "output_tokens": s.output_tokens, "duration_s": round(s.duration_s, 3),
-                           "requests_per_s": round(s.requests_per_s, 3),
-                           "output_tokens_per_s": round(s.output_tokens_per_s, 2)}
+    row: dict[str, Any] = {
+        "source": source,
+        "mode": s.mode,
+        "value": s.value,
+        "requests": s.requests,
+        "output_tokens": s.output_tokens,
+        "duration_s": round(s.duration_s, 3),
+        "requests_per_s": round(s.requests_per_s, 3),
+        "output_tokens_per_s": round(s.output_tokens_per_s, 2),
+    }
     for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
         for p, v in getattr(s, name).items():
             row[f"{name[:-3]}_p{p}_ms"] = round(v, 3)
@@ -175,8 +183,16 @@ def flat_row(source: str, s: ExperimentStats) -> dict[str, Any]:
 
 
 def format_table(rows: Iterable[dict[str, Any]]) -> str:
-    cols = ("value", "requests", "output_tokens_per_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms",
-            "e2e_p95_ms")
+    cols = (
+        "value",
+        "requests",
+        "output_tokens_per_s",
+        "ttft_p50_ms",
+        "ttft_p95_ms",
+        "itl_p50_ms",
+        "itl_p95_ms",
+        "e2e_p95_ms",
+    )
     head = ("conc", "reqs", "out tok/s", "TTFT p50", "TTFT p95", "ITL p50", "ITL p95", "E2E p95")
     lines = ["  ".join(f"{h:>10}" for h in head)]
     for r in rows:

@@ -9,8 +9,8 @@
 # tokens), built-in text prompts for the ensemble. Each level sends a fixed number of requests
 # (REQUESTS_PER_LEVEL, default 16 x concurrency, at least 32) rather than waiting for perf_analyzer's
 # stability criterion, which a noisy shared machine may never meet (it then aborts).
-# Writes OUT/c<N>.json (profile export),
-# OUT/c<N>.csv (perf_analyzer's summary), OUT/sweep.csv (percentiles) and prints a table.
+# Writes OUT/c<N>.json (profile export), OUT/c<N>.csv (perf_analyzer's summary),
+# OUT/sweep.csv (percentiles) and prints a table.
 # Exit code: non-zero when perf_analyzer failed or any request got no response.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -12,14 +12,21 @@ Unlike the sync client, one aio client multiplexes any number of concurrent stre
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, AsyncIterator, Optional
 
 from .assembler import CompletionAssembler, check_finished_ok
-from .errors import KvshareClientError, ProtocolError, from_rpc_error, from_tritonclient
+from .errors import ProtocolError, from_rpc_error, from_tritonclient
 from .response import ChunkParser
 from .types import Completion, GenerationRequest, StreamChunk, default_model_for
 from .wire import EMPTY_FINAL_PARAM, WireTensor, build_tensors, new_request_id, to_infer_inputs
+
+
+def _task_cancelling() -> bool:
+    """Whether the current task itself is being cancelled (Python 3.11+; assume not before)."""
+    task = asyncio.current_task()
+    return bool(task is not None and getattr(task, "cancelling", lambda: 0)())
 
 
 class AsyncResponseStream(AsyncIterator[StreamChunk]):
@@ -70,7 +77,12 @@ class AsyncResponseStream(AsyncIterator[StreamChunk]):
             if self._cancelled:
                 raise
             raise ProtocolError(f"stream of request {self.request_id} ended without a final response") from None
-        except KvshareClientError:
+        except asyncio.CancelledError:
+            # grpc.aio raises CancelledError when the call is cancelled under a pending read: that
+            # is the end of the stream if cancel() did it, not a cancellation of this task.
+            if self._cancelled and not _task_cancelling():
+                raise StopAsyncIteration from None
+            self._abort()
             raise
         except Exception as exc:  # grpc.aio.AioRpcError (cancel, deadline, unavailable)
             self._finished = True
@@ -79,24 +91,30 @@ class AsyncResponseStream(AsyncIterator[StreamChunk]):
             raise from_rpc_error(exc, model=self.model, request_id=self.request_id) from exc
         received_at = time.perf_counter()
         if error is not None:
-            self.cancel()  # the server may still hold the request: make it drop it
+            self._abort()  # the server may still hold the request: make it drop it
             raise from_tritonclient(error, model=self.model, request_id=self.request_id)
         chunk = self._parser.parse(result, received_at)
         try:
             self._assembler.add(chunk)
         except ProtocolError:
-            self.cancel()
+            self._abort()
             raise
         if chunk.is_final:
             self._finished = True
         return chunk
 
     def cancel(self) -> None:
-        """Cancel the gRPC call; the server sees the cancellation and frees the request."""
+        """Cancel the request: the server sees the gRPC cancellation and frees it.
+
+        The completion then reports finish_reason 'cancelled'; safe to call from another task.
+        """
         if not self._finished:
             self._cancelled = True
-            self._finished = True
-            self._call.cancel()
+            self._abort()
+
+    def _abort(self) -> None:
+        self._finished = True
+        self._call.cancel()
 
     async def result(self) -> Completion:
         """Drain the stream and return the Completion (raises if the server sent an error)."""

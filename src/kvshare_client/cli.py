@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--url", default=DEFAULT_URL, help=f"gRPC address host:port (default {DEFAULT_URL})")
 
     g = sub.add_parser("generate", help="stream one completion to the terminal")
-    g.add_argument("prompt", help="prompt text ('-' reads stdin); with --model llm_engine: token ids '1 2 3' or '1,2,3'")
+    g.add_argument(
+        "prompt", help="prompt text ('-' reads stdin); with --model llm_engine: token ids '1 2 3' or '1,2,3'"
+    )
     add_url(g)
     g.add_argument("--model", default=TEXT_MODEL, choices=(TEXT_MODEL, TOKEN_MODEL))
     g.add_argument("--chat", action="store_true", help="apply the model's chat template (ensemble only)")
@@ -56,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser("health", help="is the server live/ready, are the models ready")
     add_url(h)
-    h.add_argument("--model", dest="models", action="append", help=f"model to check (default {TEXT_MODEL} and {TOKEN_MODEL})")
+    h.add_argument(
+        "--model", dest="models", action="append", help=f"model to check (default {TEXT_MODEL} and {TOKEN_MODEL})"
+    )
 
     m = sub.add_parser("metrics", help="show the server's kvshare_* Prometheus metrics")
     add_url(m)

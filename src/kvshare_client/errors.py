@@ -73,14 +73,18 @@ def from_status(
     return ServerError(message, status=name, model=model, request_id=request_id)
 
 
-def from_tritonclient(exc: BaseException, *, model: Optional[str] = None, request_id: Optional[str] = None) -> KvshareClientError:
+def from_tritonclient(
+    exc: BaseException, *, model: Optional[str] = None, request_id: Optional[str] = None
+) -> KvshareClientError:
     """Map tritonclient's InferenceServerException (duck-typed: message()/status())."""
     message = exc.message() if callable(getattr(exc, "message", None)) else str(exc)
     status = exc.status() if callable(getattr(exc, "status", None)) else None
     return from_status(message or str(exc), status, model=model, request_id=request_id)
 
 
-def from_rpc_error(exc: BaseException, *, model: Optional[str] = None, request_id: Optional[str] = None) -> KvshareClientError:
+def from_rpc_error(
+    exc: BaseException, *, model: Optional[str] = None, request_id: Optional[str] = None
+) -> KvshareClientError:
     """Map a grpc.RpcError (sync or aio; duck-typed: code()/details())."""
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     details = exc.details() if callable(getattr(exc, "details", None)) else None

@@ -63,14 +63,28 @@ DEFAULT_PROMPTS = (
 def _add_arguments(parser: Any) -> None:
     g = parser.add_argument_group("kvshare", "kvshare gRPC streaming load (host = gRPC address, e.g. 127.0.0.1:8001)")
     g.add_argument("--kvshare-model", default=TEXT_MODEL, help="ensemble (text) or llm_engine (token ids)")
-    g.add_argument("--kvshare-workload", default="", help="workload file (.jsonl/.json/.txt); default: built-in prompts")
-    g.add_argument("--kvshare-synthetic-input-len", type=int, default=128,
-                   help="llm_engine without a workload: random prompts of this many token ids")
+    g.add_argument(
+        "--kvshare-workload", default="", help="workload file (.jsonl/.json/.txt); default: built-in prompts"
+    )
+    g.add_argument(
+        "--kvshare-synthetic-input-len",
+        type=int,
+        default=128,
+        help="llm_engine without a workload: random prompts of this many token ids",
+    )
     g.add_argument("--kvshare-max-tokens", type=int, default=64)
-    g.add_argument("--kvshare-min-tokens", type=int, default=None,
-                   help="force output lengths (EOS ignored until then); e.g. equal to --kvshare-max-tokens")
-    g.add_argument("--kvshare-ignore-eos", action="store_true", default=False,
-                   help="ignore_eos=true: every request generates --kvshare-max-tokens tokens")
+    g.add_argument(
+        "--kvshare-min-tokens",
+        type=int,
+        default=None,
+        help="force output lengths (EOS ignored until then); e.g. equal to --kvshare-max-tokens",
+    )
+    g.add_argument(
+        "--kvshare-ignore-eos",
+        action="store_true",
+        default=False,
+        help="ignore_eos=true: every request generates --kvshare-max-tokens tokens",
+    )
     g.add_argument("--kvshare-temperature", type=float, default=None)
     g.add_argument("--kvshare-chat", action="store_true", default=False, help="apply_chat_template=true (ensemble)")
     g.add_argument("--kvshare-no-stream", action="store_true", default=False, help="one response per request")
@@ -113,21 +127,44 @@ def workload_for(opts: Any) -> tuple[GenerationRequest, ...]:
             overrides.pop("apply_chat_template")
             _workloads[key] = synthetic_token_requests(64, opts.kvshare_synthetic_input_len, overrides=overrides)
         else:
-            _workloads[key] = tuple(GenerationRequest(prompt=p, **{k: v for k, v in overrides.items() if v is not None})
-                                    for p in DEFAULT_PROMPTS)
+            _workloads[key] = tuple(
+                GenerationRequest(prompt=p, **{k: v for k, v in overrides.items() if v is not None})
+                for p in DEFAULT_PROMPTS
+            )
     return _workloads[key]
 
 
 def fire_completion_events(env: Environment, name: str, completion: Completion, start_time: float) -> None:
     tokens = completion.output_tokens or 0
-    env.events.request.fire(request_type=STREAM_TYPE, name=name, response_time=completion.e2e_s * 1e3,
-                            response_length=tokens, exception=None, context={}, start_time=start_time)
+    env.events.request.fire(
+        request_type=STREAM_TYPE,
+        name=name,
+        response_time=completion.e2e_s * 1e3,
+        response_length=tokens,
+        exception=None,
+        context={},
+        start_time=start_time,
+    )
     if completion.ttft_s is not None:
-        env.events.request.fire(request_type=TTFT_TYPE, name=name, response_time=completion.ttft_s * 1e3,
-                                response_length=0, exception=None, context={}, start_time=start_time)
+        env.events.request.fire(
+            request_type=TTFT_TYPE,
+            name=name,
+            response_time=completion.ttft_s * 1e3,
+            response_length=0,
+            exception=None,
+            context={},
+            start_time=start_time,
+        )
     if completion.itl_s is not None:
-        env.events.request.fire(request_type=ITL_TYPE, name=name, response_time=completion.itl_s * 1e3,
-                                response_length=0, exception=None, context={}, start_time=start_time)
+        env.events.request.fire(
+            request_type=ITL_TYPE,
+            name=name,
+            response_time=completion.itl_s * 1e3,
+            response_length=0,
+            exception=None,
+            context={},
+            start_time=start_time,
+        )
 
 
 class KvshareGrpcUser(User):
@@ -140,7 +177,9 @@ class KvshareGrpcUser(User):
     def on_start(self) -> None:
         opts = self.environment.parsed_options
         self.model_name = self.model or (opts.kvshare_model if opts else TEXT_MODEL)
-        self.session = RawStreamSession(grpc_target(self.host), stream_timeout=opts.kvshare_stream_timeout if opts else None)
+        self.session = RawStreamSession(
+            grpc_target(self.host), stream_timeout=opts.kvshare_stream_timeout if opts else None
+        )
         requests = workload_for(opts)
         self.requests = RoundRobin(requests, start=random.randrange(len(requests)))
 
@@ -159,8 +198,14 @@ class KvshareGrpcUser(User):
             completion = self.session.generate(self.model_name, build_tensors(request))
         except Exception as exc:  # reported as a failure, never kills the user
             self.environment.events.request.fire(
-                request_type=STREAM_TYPE, name=self.model_name, response_time=(time.perf_counter() - t0) * 1e3,
-                response_length=0, exception=exc, context={}, start_time=start_time)
+                request_type=STREAM_TYPE,
+                name=self.model_name,
+                response_time=(time.perf_counter() - t0) * 1e3,
+                response_length=0,
+                exception=exc,
+                context={},
+                start_time=start_time,
+            )
             return None
         fire_completion_events(self.environment, self.model_name, completion, start_time)
         return completion
@@ -190,6 +235,8 @@ def _check_slo(environment: Environment, **_: Any) -> None:
     total = environment.stats.total
     seconds = max((total.last_request_timestamp or 0) - total.start_time, 1e-9)
     log.info("kvshare: %d output tokens in %.1fs (%.1f tok/s)", tokens, seconds, tokens / seconds)
-    report = evaluate(requests, failures, p95, SloGates(opts.kvshare_slo_max_failure_ratio, opts.kvshare_slo_p95_ttft_ms))
+    report = evaluate(
+        requests, failures, p95, SloGates(opts.kvshare_slo_max_failure_ratio, opts.kvshare_slo_p95_ttft_ms)
+    )
     (log.info if report.ok else log.error)("kvshare: %s", report.summary())
     environment.process_exit_code = 0 if report.ok else 1

@@ -39,7 +39,13 @@ def filter_lines(text: str, prefix: str = "kvshare_") -> list[str]:
     """The exposition lines (HELP/TYPE comments included) of metrics whose name starts with prefix."""
     keep = []
     for line in text.splitlines():
-        body = line[len("# HELP ") :] if line.startswith("# HELP ") else line[len("# TYPE ") :] if line.startswith("# TYPE ") else line
+        body = (
+            line[len("# HELP ") :]
+            if line.startswith("# HELP ")
+            else line[len("# TYPE ") :]
+            if line.startswith("# TYPE ")
+            else line
+        )
         if body.startswith(prefix):
             keep.append(line)
     return keep

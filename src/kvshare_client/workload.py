@@ -22,7 +22,9 @@ from .types import GenerationRequest
 _FIELDS = {f.name for f in dataclasses.fields(GenerationRequest)}
 
 
-def request_from_mapping(entry: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None, *, where: str = "") -> GenerationRequest:
+def request_from_mapping(
+    entry: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None, *, where: str = ""
+) -> GenerationRequest:
     """A GenerationRequest from a workload entry; unknown keys are an error, not silently ignored."""
     unknown = set(entry) - _FIELDS
     if unknown:

@@ -43,8 +43,11 @@ def make_response(
         add("output_ids", "INT32", [1, len(ids)], np.array(ids, dtype=np.int32).tobytes())
     if finish_reason is not None:
         add("finish_reason", "BYTES", [1, 1], bytes_raw([finish_reason.encode()]))
-    for name, value in (("num_input_tokens", num_input_tokens), ("num_output_tokens", num_output_tokens),
-                        ("cached_tokens", cached_tokens)):
+    for name, value in (
+        ("num_input_tokens", num_input_tokens),
+        ("num_output_tokens", num_output_tokens),
+        ("cached_tokens", cached_tokens),
+    ):
         if value is not None:
             add(name, "INT32", [1, 1], np.array([value], dtype=np.int32).tobytes())
     if final:
@@ -82,10 +85,18 @@ class FakeStreamClient:
         self.callback = callback
         self._stop.clear()
 
-    def async_stream_infer(self, model_name: str, inputs: Any, request_id: str = "", enable_empty_final_response: bool = False, **kw: Any) -> None:
+    def async_stream_infer(
+        self, model_name: str, inputs: Any, request_id: str = "", enable_empty_final_response: bool = False, **kw: Any
+    ) -> None:
         assert self.callback is not None
-        self.sent.append({"model": model_name, "inputs": inputs, "request_id": request_id,
-                          "enable_empty_final_response": enable_empty_final_response})
+        self.sent.append(
+            {
+                "model": model_name,
+                "inputs": inputs,
+                "request_id": request_id,
+                "enable_empty_final_response": enable_empty_final_response,
+            }
+        )
 
         def deliver() -> None:
             for item in self.script:
@@ -105,7 +116,10 @@ class FakeStreamClient:
         self.stopped.append(cancel_requests)
         self._stop.set()
         if cancel_requests and self.callback is not None:
-            self.callback(result=None, error=InferenceServerException("Locally cancelled by application!", status="StatusCode.CANCELLED"))
+            self.callback(
+                result=None,
+                error=InferenceServerException("Locally cancelled by application!", status="StatusCode.CANCELLED"),
+            )
         if self._thread is not None:
             self._thread.join(5)
         self.callback = None

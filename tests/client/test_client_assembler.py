@@ -6,8 +6,17 @@ from kvshare_client.types import StreamChunk
 
 
 def chunk(i, t, text="", ids=(), n=None, final=False, reason=None, nin=None, cached=None):
-    return StreamChunk(index=i, text=text, token_ids=tuple(ids), finish_reason=reason, num_input_tokens=nin,
-                       num_output_tokens=n, cached_tokens=cached, is_final=final, received_at=t)
+    return StreamChunk(
+        index=i,
+        text=text,
+        token_ids=tuple(ids),
+        finish_reason=reason,
+        num_input_tokens=nin,
+        num_output_tokens=n,
+        cached_tokens=cached,
+        is_final=final,
+        received_at=t,
+    )
 
 
 def test_deltas_join_counts_sum_and_metadata_keeps_latest():

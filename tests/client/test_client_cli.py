@@ -19,17 +19,57 @@ def test_generate_defaults_send_only_stream_and_counts():
     r = cli.request_from_args(args)
     assert r.prompt == "Hello" and r.stream is True
     assert r.return_num_input_tokens is True and r.return_num_output_tokens is True
-    unset = [f for f in ("max_tokens", "temperature", "top_p", "top_k", "min_tokens", "seed", "stop_words",
-                         "cache_salt", "apply_chat_template", "exclude_input_in_output", "repetition_penalty",
-                         "ignore_eos")
-             if getattr(r, f) is not None]
+    unset = [
+        f
+        for f in (
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_tokens",
+            "seed",
+            "stop_words",
+            "cache_salt",
+            "apply_chat_template",
+            "exclude_input_in_output",
+            "repetition_penalty",
+            "ignore_eos",
+        )
+        if getattr(r, f) is not None
+    ]
     assert unset == []
 
 
 def test_generate_options_map_to_request_fields():
-    args = parse("generate", "Hi", "--chat", "--max-tokens", "8", "--temperature", "0", "--top-p", "0.5",
-                 "--top-k", "3", "--seed", "7", "--stop", "A", "B", "--stop", "C", "--cache-salt", "s",
-                 "--no-stream", "--include-input", "--no-counts", "--url", "h:9", "--json", "--ignore-eos")
+    args = parse(
+        "generate",
+        "Hi",
+        "--chat",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--top-p",
+        "0.5",
+        "--top-k",
+        "3",
+        "--seed",
+        "7",
+        "--stop",
+        "A",
+        "B",
+        "--stop",
+        "C",
+        "--cache-salt",
+        "s",
+        "--no-stream",
+        "--include-input",
+        "--no-counts",
+        "--url",
+        "h:9",
+        "--json",
+        "--ignore-eos",
+    )
     r = cli.request_from_args(args)
     assert (r.apply_chat_template, r.max_tokens, r.temperature, r.top_p, r.top_k, r.seed) == (True, 8, 0.0, 0.5, 3, 7)
     assert r.stop_words == ("A", "B", "C") and r.cache_salt == "s"
@@ -70,9 +110,21 @@ def test_health_and_metrics_arguments():
 
 
 def test_completion_json_fields():
-    c = Completion(model="ensemble", request_id="r", text="Paris", token_ids=(), finish_reason="stop",
-                   num_input_tokens=9, num_output_tokens=2, cached_tokens=0, num_responses=3, sent_at=0.0,
-                   finished_at=0.2, content_times=(0.1, 0.15), content_tokens=(1, 1))
+    c = Completion(
+        model="ensemble",
+        request_id="r",
+        text="Paris",
+        token_ids=(),
+        finish_reason="stop",
+        num_input_tokens=9,
+        num_output_tokens=2,
+        cached_tokens=0,
+        num_responses=3,
+        sent_at=0.0,
+        finished_at=0.2,
+        content_times=(0.1, 0.15),
+        content_tokens=(1, 1),
+    )
     d = cli.completion_dict(c)
     json.dumps(d)
     assert d["text"] == "Paris" and d["ttft_ms"] == 100.0 and d["num_output_tokens"] == 2 and d["tokens_per_s"] == 10.0

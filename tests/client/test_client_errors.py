@@ -14,7 +14,9 @@ from kvshare_client.errors import (
 
 
 def test_server_message_is_kept_verbatim_and_named():
-    exc = from_tritonclient(InferenceServerException("max_tokens must be > 0, got 0"), model="ensemble", request_id="r7")
+    exc = from_tritonclient(
+        InferenceServerException("max_tokens must be > 0, got 0"), model="ensemble", request_id="r7"
+    )
     assert isinstance(exc, ServerError) and isinstance(exc, KvshareClientError)
     assert exc.message == "max_tokens must be > 0, got 0"
     assert "max_tokens must be > 0" in str(exc) and "ensemble" in str(exc)
@@ -51,6 +53,8 @@ class FakeRpcError(grpc.RpcError):
 
 
 def test_raw_grpc_errors_map_the_same_way():
-    assert isinstance(from_rpc_error(FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused")), ServerUnavailable)
+    assert isinstance(
+        from_rpc_error(FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused")), ServerUnavailable
+    )
     e = from_rpc_error(FakeRpcError(grpc.StatusCode.INTERNAL, "engine died"), model="llm_engine")
     assert isinstance(e, ServerError) and e.message == "engine died" and e.status == "INTERNAL"

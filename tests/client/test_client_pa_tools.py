@@ -37,8 +37,23 @@ def test_text_inputs_leave_out_the_batch_dim(tmp_path):
 
 def test_token_inputs_share_the_requested_prefix(tmp_path):
     out = tmp_path / "ids.json"
-    mk.main(["tokens", "-o", str(out), "--count", "4", "--input-len", "10", "--prefix-len", "6",
-             "--max-tokens", "8", "--min-tokens", "8"])
+    mk.main(
+        [
+            "tokens",
+            "-o",
+            str(out),
+            "--count",
+            "4",
+            "--input-len",
+            "10",
+            "--prefix-len",
+            "6",
+            "--max-tokens",
+            "8",
+            "--min-tokens",
+            "8",
+        ]
+    )
     data = json.loads(out.read_text())["data"]
     ids = [d["input_ids"]["content"] for d in data]
     assert all(d["input_ids"]["shape"] == [10] for d in data)
@@ -61,24 +76,38 @@ def request(ts, times, outputs, **inputs):
 
 MS = 1_000_000
 EXPORT = {
-    "experiments": [{
-        "experiment": {"mode": "concurrency", "value": 2},
-        "requests": [
-            # 3 tokens, then the flag-only final response whose numbers are perf_analyzer garbage
-            request(0, [10 * MS, 20 * MS, 30 * MS, 31 * MS],
-                    [{"text_output": "a", "num_output_tokens": 1}, {"text_output": "b", "num_output_tokens": 1},
-                     {"text_output": "c", "num_output_tokens": 1},
-                     {"text_output": "", "num_output_tokens": 365886114, "num_input_tokens": 365879811}],
-                    return_num_output_tokens=True),
-            # counts not requested: num_output_tokens is stale buffer content, ids tell the truth;
-            # the second response carries 2 tokens
-            request(5 * MS, [25 * MS, 45 * MS], [{"output_ids": 7, "num_output_tokens": 0},
-                                                 {"output_ids": [8, 9], "num_output_tokens": 1575638417}]),
-            # a request that got nothing (failed) is left out
-            request(6 * MS, [], []),
-        ],
-        "window_boundaries": [0, 50 * MS],
-    }],
+    "experiments": [
+        {
+            "experiment": {"mode": "concurrency", "value": 2},
+            "requests": [
+                # 3 tokens, then the flag-only final response whose numbers are perf_analyzer garbage
+                request(
+                    0,
+                    [10 * MS, 20 * MS, 30 * MS, 31 * MS],
+                    [
+                        {"text_output": "a", "num_output_tokens": 1},
+                        {"text_output": "b", "num_output_tokens": 1},
+                        {"text_output": "c", "num_output_tokens": 1},
+                        {"text_output": "", "num_output_tokens": 365886114, "num_input_tokens": 365879811},
+                    ],
+                    return_num_output_tokens=True,
+                ),
+                # counts not requested: num_output_tokens is stale buffer content, ids tell the truth;
+                # the second response carries 2 tokens
+                request(
+                    5 * MS,
+                    [25 * MS, 45 * MS],
+                    [
+                        {"output_ids": 7, "num_output_tokens": 0},
+                        {"output_ids": [8, 9], "num_output_tokens": 1575638417},
+                    ],
+                ),
+                # a request that got nothing (failed) is left out
+                request(6 * MS, [], []),
+            ],
+            "window_boundaries": [0, 50 * MS],
+        }
+    ],
     "version": "2.51.0",
 }
 

@@ -7,8 +7,15 @@ from kvshare_client.response import ChunkParser, is_final
 
 def test_parses_every_contract_output():
     chunk = ChunkParser().parse(
-        result(text="Paris".encode(), ids=[7, 8], finish_reason="stop", num_input_tokens=12,
-               num_output_tokens=2, cached_tokens=8, final=True),
+        result(
+            text="Paris".encode(),
+            ids=[7, 8],
+            finish_reason="stop",
+            num_input_tokens=12,
+            num_output_tokens=2,
+            cached_tokens=8,
+            final=True,
+        ),
         received_at=1.5,
     )
     assert (chunk.text, chunk.token_ids, chunk.finish_reason) == ("Paris", (7, 8), "stop")

@@ -24,8 +24,13 @@ def pool_of(*clients):
 
 
 def test_stream_yields_chunks_until_final_and_returns_the_client():
-    fake = FakeStreamClient([result(text=b"Par", num_output_tokens=1), result(text=b"is", num_output_tokens=1),
-                             result(finish_reason="stop", final=True)])
+    fake = FakeStreamClient(
+        [
+            result(text=b"Par", num_output_tokens=1),
+            result(text=b"is", num_output_tokens=1),
+            result(finish_reason="stop", final=True),
+        ]
+    )
     pool = pool_of(fake)
     s = ResponseStream(pool, "ensemble", "r1", TENSORS, None)
     chunks = list(s)
@@ -59,8 +64,7 @@ def test_unavailable_maps_to_server_unavailable():
 def test_leaving_the_with_block_early_cancels_on_the_server():
     fake = FakeStreamClient([result(text=b"a"), result(text=b"b")], hang=True)
     with ResponseStream(pool_of(fake), "ensemble", "r1", TENSORS, None) as s:
-        for chunk in s:
-            break
+        next(s)
     assert fake.stopped == [True]
     c = s.completion()
     assert c.cancelled and c.finish_reason == "cancelled" and c.text == "a"
@@ -96,26 +100,32 @@ def test_pool_bounds_concurrent_streams():
 
 
 class FakeAioCall:
-    """What tritonclient.grpc.aio's stream_infer returns: async (result, error) pairs + cancel()."""
+    """What tritonclient.grpc.aio's stream_infer returns: async (result, error) pairs + cancel().
+
+    Like grpc.aio, cancelling the call makes a pending read raise asyncio.CancelledError.
+    """
 
     def __init__(self, items, requests, hang=False):
         self.items, self.requests, self.hang, self.cancelled = list(items), requests, hang, False
         self.sent = []
+        self._cancel = asyncio.Event()
 
     async def __anext__(self):
         if not self.sent:
             self.sent = [r async for r in self.requests]
         if self.cancelled:
-            raise asyncio.CancelledError  # grpc.aio raises on a cancelled call; treated like AioRpcError
+            raise asyncio.CancelledError
         if self.items:
             item = self.items.pop(0)
             return (None, item) if isinstance(item, InferenceServerException) else (item, None)
         if self.hang:
-            await asyncio.sleep(10)
+            await self._cancel.wait()
+            raise asyncio.CancelledError
         raise StopAsyncIteration
 
     def cancel(self):
         self.cancelled = True
+        self._cancel.set()
         return True
 
 
@@ -148,7 +158,8 @@ def test_aio_error_and_cancel():
         assert (await s.__anext__()).text == "a"
         with pytest.raises(ServerError, match="longer than the context"):
             await s.__anext__()
-        assert client.call.cancelled
+        assert client.call.cancelled  # the server is told to drop the request
+        assert not s.completion().cancelled  # ... but it was an error, not a client cancel
 
         client2 = FakeAioClient([result(text=b"a")], hang=True)
         async with AsyncResponseStream(client2, "ensemble", "r", TENSORS, None) as s2:
@@ -157,3 +168,39 @@ def test_aio_error_and_cancel():
         assert client2.call.cancelled and s2.completion().finish_reason == "cancelled"
 
     asyncio.run(run())
+
+
+def test_aio_cancel_from_another_task_ends_a_pending_read():
+    async def run():
+        client = FakeAioClient([result(text=b"a")], hang=True)
+        s = AsyncResponseStream(client, "llm_engine", "r", TENSORS, None)
+
+        async def consume():
+            return [c.text async for c in s]
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.05)  # the consumer now waits for a response that never comes
+        s.cancel()
+        return await asyncio.wait_for(task, 5), s.completion()
+
+    texts, c = asyncio.run(run())
+    assert texts == ["a"] and c.cancelled and c.finish_reason == "cancelled"
+
+
+def test_aio_task_cancellation_cancels_the_call_and_propagates():
+    async def run():
+        client = FakeAioClient([], hang=True)
+
+        async def consume():
+            async with AsyncResponseStream(client, "llm_engine", "r", TENSORS, None) as s:
+                async for _ in s:
+                    pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return client.call.cancelled
+
+    assert asyncio.run(run())

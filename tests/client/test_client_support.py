@@ -15,8 +15,10 @@ from kvshare_client.workload import RoundRobin, load_workload, synthetic_token_r
 def test_workload_formats(tmp_path):
     jl = tmp_path / "w.jsonl"
     jl.write_text('{"prompt": "a", "max_tokens": 5}\n\n{"input_ids": [1, 2], "cache_salt": "s"}\n')
-    assert load_workload(jl) == (GenerationRequest(prompt="a", max_tokens=5),
-                                 GenerationRequest(input_ids=(1, 2), cache_salt="s"))
+    assert load_workload(jl) == (
+        GenerationRequest(prompt="a", max_tokens=5),
+        GenerationRequest(input_ids=(1, 2), cache_salt="s"),
+    )
     js = tmp_path / "w.json"
     js.write_text(json.dumps({"requests": [{"prompt": "x"}]}))
     assert load_workload(js)[0].prompt == "x"
@@ -95,8 +97,11 @@ def test_metrics_parsing():
 
 
 def test_client_package_imports_neither_torch_nor_the_server_nor_gevent():
-    code = ("import sys, kvshare_client, kvshare_client.cli, kvshare_client.workload, kvshare_client.metrics;"
-            "bad = [m for m in ('torch', 'kvshare', 'locust', 'gevent', 'triton_python_backend_utils') if m in sys.modules];"
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, kvshare_client, kvshare_client.cli, kvshare_client.workload, kvshare_client.metrics;"
+        "heavy = ('torch', 'kvshare', 'locust', 'gevent', 'triton_python_backend_utils');"
+        "bad = [m for m in heavy if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr

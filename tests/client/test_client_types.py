@@ -42,9 +42,21 @@ def test_default_model():
 
 
 def completion(**kw):
-    base = dict(model="ensemble", request_id="r", text="abc", token_ids=(), finish_reason="length",
-                num_input_tokens=5, num_output_tokens=4, cached_tokens=2, num_responses=5,
-                sent_at=10.0, finished_at=10.5, content_times=(10.1, 10.2, 10.3, 10.4), content_tokens=(1, 1, 1, 1))
+    base = dict(
+        model="ensemble",
+        request_id="r",
+        text="abc",
+        token_ids=(),
+        finish_reason="length",
+        num_input_tokens=5,
+        num_output_tokens=4,
+        cached_tokens=2,
+        num_responses=5,
+        sent_at=10.0,
+        finished_at=10.5,
+        content_times=(10.1, 10.2, 10.3, 10.4),
+        content_tokens=(1, 1, 1, 1),
+    )
     base.update(kw)
     return Completion(**base)
 

@@ -21,9 +21,17 @@ def test_eight_concurrent_streams(triton_server):
     async def main():
         async with AsyncKvshareClient(triton_server.grpc_url, stream_timeout=300) as client:
             assert await client.is_model_ready("ensemble")
-            requests = [GenerationRequest(prompt=f"Write one sentence about {t}.", apply_chat_template=True,
-                                          max_tokens=12, temperature=0.0, stream=True,
-                                          return_num_output_tokens=True) for t in topics]
+            requests = [
+                GenerationRequest(
+                    prompt=f"Write one sentence about {t}.",
+                    apply_chat_template=True,
+                    max_tokens=12,
+                    temperature=0.0,
+                    stream=True,
+                    return_num_output_tokens=True,
+                )
+                for t in topics
+            ]
             return await asyncio.gather(*(consume(client, r) for r in requests))
 
     results = asyncio.run(main())

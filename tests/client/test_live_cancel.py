@@ -65,8 +65,9 @@ def test_async_cancel_on_llm_engine(triton_server):
 
 
 def test_cancel_through_the_ensemble_ends_the_client_stream(triton_server):
-    request = GenerationRequest(prompt="Tell me a very long story.", apply_chat_template=True,
-                                **{**LONG, "max_tokens": 200, "min_tokens": 200})
+    request = GenerationRequest(
+        prompt="Tell me a very long story.", apply_chat_template=True, **{**LONG, "max_tokens": 200, "min_tokens": 200}
+    )
     with KvshareClient(triton_server.grpc_url) as client:
         with client.stream(request) as s:
             for i, _ in enumerate(s):
@@ -78,13 +79,18 @@ def test_cancel_through_the_ensemble_ends_the_client_stream(triton_server):
     wait_for_metric(triton_server.metrics_url, "kvshare_requests_running", lambda v: v == 0, 120.0)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Triton 2.51's ensemble scheduler propagates a client cancel only between steps "
-    "(triton-inference-server/core#263, server#6739): a request already running in the decoupled "
-    "llm_engine step never sees is_cancelled() and runs to max_tokens"))
+@pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "Triton 2.51's ensemble scheduler propagates a client cancel only between steps "
+        "(triton-inference-server/core#263, server#6739): a request already running in the decoupled "
+        "llm_engine step never sees is_cancelled() and runs to max_tokens"
+    ),
+)
 def test_cancel_through_the_ensemble_frees_the_request(triton_server):
-    request = GenerationRequest(prompt="Tell me a very long story.", apply_chat_template=True,
-                                **{**LONG, "max_tokens": 200, "min_tokens": 200})
+    request = GenerationRequest(
+        prompt="Tell me a very long story.", apply_chat_template=True, **{**LONG, "max_tokens": 200, "min_tokens": 200}
+    )
     try:
         with KvshareClient(triton_server.grpc_url) as client:
             with client.stream(request) as s:

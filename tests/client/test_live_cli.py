@@ -10,12 +10,23 @@ pytestmark = pytest.mark.server
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "kvshare_client", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kvshare_client", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_generate_streams_a_real_completion(triton_server):
-    p = cli("generate", "What is the capital of France?", "--chat", "--max-tokens", "16", "--temperature", "0",
-            "--url", triton_server.grpc_url)
+    p = cli(
+        "generate",
+        "What is the capital of France?",
+        "--chat",
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0",
+        "--url",
+        triton_server.grpc_url,
+    )
     assert p.returncode == 0, p.stderr
     assert "Paris" in p.stdout  # SmolLM2-135M-Instruct, greedy (shared/environment.md)
     summary = p.stderr.strip().splitlines()[-1]
@@ -24,8 +35,16 @@ def test_generate_streams_a_real_completion(triton_server):
 
 
 def test_generate_json_reports_counts_and_timings(triton_server):
-    p = cli("generate", "Write one sentence about the sea.", "--chat", "--max-tokens", "8", "--json",
-            "--url", triton_server.grpc_url)
+    p = cli(
+        "generate",
+        "Write one sentence about the sea.",
+        "--chat",
+        "--max-tokens",
+        "8",
+        "--json",
+        "--url",
+        triton_server.grpc_url,
+    )
     assert p.returncode == 0, p.stderr
     c = json.loads(p.stdout)
     assert c["text"] and c["finish_reason"] in ("stop", "length")
@@ -35,8 +54,17 @@ def test_generate_json_reports_counts_and_timings(triton_server):
 
 
 def test_generate_on_the_token_model(triton_server):
-    p = cli("generate", "504 3458 314 253 4214 30", "--model", "llm_engine", "--max-tokens", "4", "--json",
-            "--url", triton_server.grpc_url)
+    p = cli(
+        "generate",
+        "504 3458 314 253 4214 30",
+        "--model",
+        "llm_engine",
+        "--max-tokens",
+        "4",
+        "--json",
+        "--url",
+        triton_server.grpc_url,
+    )
     assert p.returncode == 0, p.stderr
     c = json.loads(p.stdout)
     assert 1 <= len(c["token_ids"]) <= 4 and c["model"] == "llm_engine"

@@ -24,9 +24,29 @@ def env():
 
 def test_headless_locust_run_has_no_failures(triton_server, tmp_path):
     p = subprocess.run(
-        [str(LOADTEST / "run_locust.sh"), "-H", triton_server.grpc_url, "-u", "2", "-r", "2", "-t", "10s",
-         "-o", str(tmp_path), "--", "--kvshare-max-tokens", "8", "--kvshare-slo-max-failure-ratio", "0"],
-        capture_output=True, text=True, timeout=180, env=env())
+        [
+            str(LOADTEST / "run_locust.sh"),
+            "-H",
+            triton_server.grpc_url,
+            "-u",
+            "2",
+            "-r",
+            "2",
+            "-t",
+            "10s",
+            "-o",
+            str(tmp_path),
+            "--",
+            "--kvshare-max-tokens",
+            "8",
+            "--kvshare-slo-max-failure-ratio",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env(),
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rows = {(r["Type"], r["Name"]): r for r in csv.DictReader(open(tmp_path / "locust_stats.csv"))}
     stream = rows[("stream", "ensemble")]
@@ -39,17 +59,57 @@ def test_headless_locust_run_has_no_failures(triton_server, tmp_path):
 
 def test_perf_analyzer_streams_llm_engine_without_errors(triton_server, tmp_path):
     inputs, export = tmp_path / "ids.json", tmp_path / "c2.json"
-    subprocess.run([sys.executable, str(LOADTEST / "make_pa_inputs.py"), "tokens", "-o", str(inputs), "--count", "8",
-                    "--input-len", "16", "--max-tokens", "8", "--min-tokens", "8"], check=True, timeout=60)
+    subprocess.run(
+        [
+            sys.executable,
+            str(LOADTEST / "make_pa_inputs.py"),
+            "tokens",
+            "-o",
+            str(inputs),
+            "--count",
+            "8",
+            "--input-len",
+            "16",
+            "--max-tokens",
+            "8",
+            "--min-tokens",
+            "8",
+        ],
+        check=True,
+        timeout=60,
+    )
     p = subprocess.run(
-        [str(LOADTEST / "perf_analyzer.sh"), "-m", "llm_engine", "-u", triton_server.grpc_url, "-i", "grpc",
-         "--streaming", "--concurrency-range", "2:2", "--request-count", "12", "--input-data", str(inputs),
-         "--profile-export-file", str(export)],
-        capture_output=True, text=True, timeout=300, env=env())
+        [
+            str(LOADTEST / "perf_analyzer.sh"),
+            "-m",
+            "llm_engine",
+            "-u",
+            triton_server.grpc_url,
+            "-i",
+            "grpc",
+            "--streaming",
+            "--concurrency-range",
+            "2:2",
+            "--request-count",
+            "12",
+            "--input-data",
+            str(inputs),
+            "--profile-export-file",
+            str(export),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env(),
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "error" not in (p.stdout + p.stderr).lower()
-    stats = subprocess.run([sys.executable, str(LOADTEST / "pa_export_stats.py"), str(export), "--json"],
-                           capture_output=True, text=True, timeout=60)
+    stats = subprocess.run(
+        [sys.executable, str(LOADTEST / "pa_export_stats.py"), str(export), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert stats.returncode == 0, stats.stdout + stats.stderr
     import json
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvshare.core.eviction import EvictionPolicy
 from kvshare.core.page_pool import PagePool
@@ -46,7 +46,6 @@ class _SeqPages:
     chain: list[CachedPage]  # chain[j] verifies the content of table[j] (may be a duplicate's entry)
     num_committed: int
     registrable: bool = True  # False once the chain broke (collision, dropped parent)
-    pins: list[int] = field(default_factory=list)
 
 
 class KVCacheManager:
