@@ -121,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     repo = args.model_repository.resolve()
     log.info("starting Triton Inference Server on %s (log below)", repo)
     proc = start(repo, addr, extra_args=args.extra)
-    signal.signal(signal.SIGTERM, lambda *_: stop(proc))
+
+    def on_sigterm(*_):
+        raise KeyboardInterrupt   # unwinds to the finally below, which stops the server once
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         wait_ready(proc, addr)
         log.info("READY: gRPC %s  HTTP %s  metrics %s", addr.grpc_url, addr.http_url, addr.metrics_url)

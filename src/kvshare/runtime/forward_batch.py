@@ -8,8 +8,8 @@ import torch
 
 @dataclass(frozen=True)
 class ForwardBatch:
-    input_ids: torch.Tensor        # int64 [T] the tokens whose KV this step computes
-    positions: torch.Tensor        # int64 [T] their absolute positions
+    input_ids: torch.Tensor        # int64 or int32 [T] the tokens whose KV this step computes
+    positions: torch.Tensor        # int64 or int32 [T] their absolute positions
     slot_mapping: torch.Tensor     # int32 [T] where each token's K/V goes in the pool
     page_table: torch.Tensor       # int32 [B, P] per chunk's sequence, padded
     query_start_loc: torch.Tensor  # int32 [B+1] chunk b owns tokens [qsl[b], qsl[b+1])
@@ -25,8 +25,12 @@ class ForwardBatch:
 
 
 def build_forward_batch(chunks: list[tuple[list[int], int, list[int], bool]], page_size: int,
-                        device: torch.device) -> ForwardBatch:
-    """chunks: (token ids to compute, start position, the sequence's page table, wants logits)."""
+                        device: torch.device, *, decode_max_context: int | None = None) -> ForwardBatch:
+    """chunks: (token ids to compute, start position, the sequence's page table, wants logits).
+
+    decode_max_context: for a decode-only batch, the bound handed to the decode kernel's split-K
+    heuristic instead of the batch's own longest context (CUDA graphs fix it; see cuda_graph_runner).
+    """
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -47,6 +51,10 @@ def build_forward_batch(chunks: list[tuple[list[int], int, list[int], bool]], pa
             logits_rows.append(qsl[-1] - 1)
         table.append(list(pages) + [0] * (max_pages - len(pages)))
     i32 = dict(dtype=torch.int32, device=device)
+    decode_only = all(len(t) == 1 for t, _, _, _ in chunks)
+    max_context = max(ctx, default=0)
+    if decode_only and decode_max_context is not None:
+        max_context = max(max_context, decode_max_context)
     return ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device),
@@ -55,7 +63,7 @@ def build_forward_batch(chunks: list[tuple[list[int], int, list[int], bool]], pa
         query_start_loc=torch.tensor(qsl, **i32),
         context_lens=torch.tensor(ctx, **i32),
         logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
-        decode_only=all(len(t) == 1 for t, _, _, _ in chunks),
+        decode_only=decode_only,
         max_query_len=max((len(t) for t, _, _, _ in chunks), default=0),
-        max_context=max(ctx, default=0),
+        max_context=max_context,
     )

@@ -35,8 +35,8 @@ class RotaryEmbedding:
 
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k [T, Hkv, D] rotated at their absolute positions [T]."""
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
+        cos = self.cos.index_select(0, positions)[:, None, :]     # index_select: int32 or int64 positions
+        sin = self.sin.index_select(0, positions)[:, None, :]
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from perf.report.make_report import main
+
+sys.exit(main())

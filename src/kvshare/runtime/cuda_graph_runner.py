@@ -1,0 +1,93 @@
+"""CUDA graphs for decode-only steps: one graph per batch size of a ladder, replayed with padding.
+
+    fill(rows) -> one H2D copy into DecodeInputBuffers -> graph[B].replay() -> logits [B, V], argmax [B]
+
+A decode step of n requests runs the smallest captured batch B >= n. Every graph reads the same
+persistent buffers and writes its outputs into one memory pool shared by the ladder (captured
+largest first, so the smaller graphs reuse the pool). The decode kernel's split count comes from
+host-known shapes (batch, heads, max_context), never from context_lens, so it is fixed at capture:
+graphs are captured with max_context = the engine's max_model_len, and eager decode steps use the
+same bound so that both paths run identical kernels (kvshare_kernels.decode_attention splits each
+request's own context, so any split count is exact; it only changes speed).
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from typing import Sequence
+
+import torch
+
+from .input_buffers import DecodeInputBuffers
+from .kv_cache import KVCache
+from .llama import LlamaModel
+
+log = logging.getLogger("kvshare.runtime")
+
+DEFAULT_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+
+
+def graph_batch_sizes(max_running: int, ladder: Sequence[int] = DEFAULT_LADDER) -> tuple[int, ...]:
+    """The ladder capped by max_running, with max_running itself on top when it is within the ladder."""
+    if max_running < 1:
+        return ()
+    top = min(max_running, max(ladder))
+    return tuple(sorted({b for b in ladder if b < top} | {top}))
+
+
+def pick_batch_size(sizes: Sequence[int], n: int) -> int | None:
+    """The smallest captured batch that holds n rows, or None (run eagerly)."""
+    i = bisect.bisect_left(sizes, n)
+    return sizes[i] if n > 0 and i < len(sizes) else None
+
+
+class CudaGraphRunner:
+    def __init__(self, model: LlamaModel, kv: KVCache, batch_sizes: Sequence[int], max_context: int,
+                 device: torch.device):
+        self.model, self.kv, self.max_context = model, kv, max_context
+        self.sizes = tuple(sorted(batch_sizes))
+        pages_per_seq = -(-max_context // kv.page_size)
+        self.buffers = DecodeInputBuffers(self.sizes[-1], pages_per_seq, kv.page_size, device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.capture_seconds = 0.0
+
+    def _forward(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model.forward(self.buffers.forward_batch(batch_size, self.max_context), self.kv)
+        return logits, logits.argmax(dim=-1)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        t0 = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        for bs in reversed(self.sizes):
+            # Warm up outside the graph (Triton compiles this shape's kernels; cuBLAS picks its algorithms).
+            # The buffers hold padding rows only: slot -1 writes no KV, context 0 reads none.
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._forward(bs)
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits, ids = self._forward(bs)
+            self._graphs[bs] = (graph, logits, ids)
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - t0
+        log.info("captured %d decode CUDA graphs (batch %s, max_context %d) in %.2f s", len(self.sizes),
+                 ",".join(map(str, self.sizes)), self.max_context, self.capture_seconds)
+
+    def batch_for(self, n: int) -> int | None:
+        return pick_batch_size(self.sizes, n)
+
+    def run(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """rows: (token id, position, page table) -> (fp32 logits [n, V], greedy ids [n]) on the device."""
+        n = len(rows)
+        bs = pick_batch_size(self.sizes, n)
+        if bs is None:
+            raise ValueError(f"no CUDA graph holds a decode batch of {n}")
+        self.buffers.fill(rows, bs)
+        graph, logits, ids = self._graphs[bs]
+        graph.replay()
+        return logits[:n], ids[:n]
