@@ -20,6 +20,7 @@ class EngineConfig:
     eviction: str = "lru"
     default_max_tokens: int = 128
     debug_checks: bool = False            # check the pool's integrity after every step
+    cuda_graphs: bool = True              # CUDA only: replay captured graphs for decode-only steps
     seed: int = 0
 
     @classmethod

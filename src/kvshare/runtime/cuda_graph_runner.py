@@ -36,6 +36,13 @@ def graph_batch_sizes(max_running: int, ladder: Sequence[int] = DEFAULT_LADDER) 
     return tuple(sorted({b for b in ladder if b < top} | {top}))
 
 
+def kernel_debug() -> bool:
+    """KVSHARE_KERNEL_DEBUG reads page tables back to the host (a sync): no graph can be captured."""
+    from kvshare_kernels.checks import debug_enabled
+
+    return debug_enabled(None)
+
+
 def pick_batch_size(sizes: Sequence[int], n: int) -> int | None:
     """The smallest captured batch that holds n rows, or None (run eagerly)."""
     i = bisect.bisect_left(sizes, n)
