@@ -95,7 +95,7 @@ def compare(name: str, prompts, eager, graph, eager_rows, graph_rows) -> bool:
 
 
 def step_times(loaded, graphs: bool, batches=(1, 12, 64, 256), steps: int = 16) -> dict[int, float]:
-    cfg = EngineConfig(model=loaded.source, device=DEVICE, dtype=DTYPE, kv_cache_memory_gb=20.0,
+    cfg = EngineConfig(model=loaded.source, device=DEVICE, dtype=DTYPE, kv_cache_memory_gb=32.0 if DEVICE == "cuda" else 0.5,
                        max_running=max(batches), max_step_tokens=8192, cuda_graphs=graphs)
     engine = LLMEngine(cfg, loaded=loaded)
     g = torch.Generator().manual_seed(0)
