@@ -24,7 +24,8 @@ def triton_server():
 
     addr = launch.ServerAddress("127.0.0.1", _free_port(), _free_port(), _free_port())
     log_path = Path(tempfile.mkdtemp(prefix="kvshare-server-")) / "tritonserver.log"
-    env = {"KVSHARE_DEBUG_CHECKS": "true", "KVSHARE_LOG_LEVEL": "INFO"}
+    # A small in-flight limit so the overload test can reach it; no other test runs more than 16 at once.
+    env = {"KVSHARE_DEBUG_CHECKS": "true", "KVSHARE_LOG_LEVEL": "INFO", "KVSHARE_MAX_QUEUED_REQUESTS": "24"}
     proc = launch.start(ROOT / "model_repository", addr, log_path=log_path, extra_env=env)
     try:
         launch.wait_ready(proc, addr, timeout_s=float(os.environ.get("KVSHARE_TEST_SERVER_TIMEOUT", "400")))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import time
 
@@ -152,9 +153,13 @@ def main() -> int:
     if not args.skip_timing:
         off = step_times(loaded, False)
         on = step_times(loaded, True)
+        os.environ["KVSHARE_FUSED_KERNELS"] = "0"          # read when the engine builds its LlamaModel
+        unfused = step_times(loaded, True)
+        del os.environ["KVSHARE_FUSED_KERNELS"]
         print(f"{'decode step (ms)':<18}" + "".join(f"{f'bs {b}':>10}" for b in off))
         print(f"{'graphs off':<18}" + "".join(f"{off[b]:>10.2f}" for b in off))
         print(f"{'graphs on':<18}" + "".join(f"{on[b]:>10.2f}" for b in on))
+        print(f"{'on, not fused':<18}" + "".join(f"{unfused[b]:>10.2f}" for b in unfused))
         print(f"{'speed-up':<18}" + "".join(f"{off[b] / on[b]:>9.1f}x" for b in on))
         print(f"{'graphs on tok/s':<18}" + "".join(f"{b * 1e3 / on[b]:>10.0f}" for b in on))
     return 0 if ok else 1

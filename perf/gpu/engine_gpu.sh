@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The engine on the GPU machine, from the repo root: forward parity with HF (fp32 exact, bf16/fp16
-# reported), decode CUDA graphs vs eager (greedy tokens equal, GPU unit tests, step times), then the
+# reported), decode CUDA graphs vs eager (greedy tokens equal, GPU unit tests incl. the fused norm/rotary
+# kernels, step times with the fusion on and off), then the
 # offline benchmark (kvshare vs HF generate, Llama-2-7B shape, fp16, random weights). Logs go to $OUT.
 # Each stage has its own time limit and a failing stage does not stop the next one (each prints its
 # exit status as "[stage rc=N, S s]").
@@ -23,6 +24,8 @@ if [ "$MODE" = all ] || [ "$MODE" = graphs ]; then
   {
     stage timeout 200 python3 perf/gpu/check_cuda_graphs.py
     stage timeout 90 python3 -m pytest -q -p no:cacheprovider tests/runtime
+    stage timeout 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_norm.py \
+        tests/kernels/test_fused_rotary.py tests/kernels/test_fused_forward.py
   } 2>&1 | tee "$OUT/graphs.log"
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then

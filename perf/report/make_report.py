@@ -107,6 +107,8 @@ def collect(paths: Sequence[Path]) -> Inputs:
                 pa_sweeps.append(f)
             else:
                 inp.skipped.append(f)
+        elif f.name == "phases.json":
+            continue  # read with the metrics CSV next to it
         elif f.suffix == ".json":
             try:
                 data = json.loads(f.read_text(encoding="utf-8"))
@@ -136,10 +138,22 @@ def collect(paths: Sequence[Path]) -> Inputs:
     else:
         inp.skipped += pa_sweeps
     for f in pending_metrics:
-        inp.metrics.append((_label(f), read_csv(f), server_dirs.get(f.parent)))
+        rows = read_csv(f)
+        inp.metrics.append((_label(f), rows, server_dirs.get(f.parent) or _phases_file(f.parent / "phases.json", rows)))
         inp.used.append(f)
+        if (f.parent / "phases.json").exists():
+            inp.used.append(f.parent / "phases.json")
     inp.pa_rows.sort(key=lambda r: (str(r.get("source", "")).rsplit("/", 2)[0], _num(r.get("value")) or 0))
     return inp
+
+
+def _phases_file(path: Path, rows: list[dict[str, Optional[float]]]) -> Optional[dict[str, Any]]:
+    """phases.json next to a metrics CSV: [{"label", "start_unix", "end_unix"}] -> seconds since its first sample."""
+    if not path.exists() or not rows:
+        return None
+    t0 = (rows[0]["time_s"] or 0.0) - (rows[0]["elapsed_s"] or 0.0)
+    return {"phases": [{"workload": p.get("label", ""), "start_s": p["start_unix"] - t0, "end_s": p["end_unix"] - t0}
+                       for p in json.loads(path.read_text())]}
 
 
 def _num(v: Any) -> Any:
@@ -211,17 +225,18 @@ def plot_locust_history(run: LocustRun, out: Path) -> Optional[Path]:
     # output tokens/s from the cumulative counters: d(requests * mean content size) / dt
     cum = [(int(float(h["Timestamp"])) - t0, float(h["Total Request Count"]) * (_lf(h, "Total Average Content Size") or 0))
            for h in streams]
-    ts, tps = [], []
-    for (a, ca), (b, cb) in zip(cum, cum[1:]):
-        if b > a:
-            ts.append(b)
-            tps.append((cb - ca) / (b - a))
+    # completions arrive in bursts (closed-loop users finish together): rate over a trailing 15 s window
+    win = 15
+    ts = [b for b, _ in cum if b - cum[0][0] >= win]
+    tps = []
+    for b in ts:
+        a, ca = next((a, ca) for a, ca in cum if a >= b - win)
+        cb = next(cb for t, cb in cum if t == b)
+        tps.append((cb - ca) / max(b - a, 1))
     if ts:
-        # smooth over ~5 s: Locust writes a row per second, completions arrive in bursts
-        k = 5
-        smooth = [sum(tps[max(0, i - k + 1): i + 1]) / len(tps[max(0, i - k + 1): i + 1]) for i in range(len(tps))]
-        ax1.plot(ts, smooth, color="tab:blue", label="output tok/s (5 s mean)")
+        ax1.plot(ts, tps, color="tab:blue", label=f"output tok/s (trailing {win} s)")
     ax1.set_ylabel("output tokens/s")
+    ax1.set_ylim(bottom=0)
     axu = ax1.twinx()
     users_t = [(int(float(h["Timestamp"])) - t0, int(float(h["User Count"]))) for h in run.history if h.get("Name") == "Aggregated"]
     if users_t:
@@ -287,6 +302,12 @@ def plot_throughput(inp: Inputs, out: Path) -> Optional[Path]:
         plt.close(fig)
         return None
     ax.set_xscale("log", base=2)
+    xs = sorted({float(x) for line in ax.get_lines() for x in line.get_xdata()})
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"{x:g}" for x in xs])
+    ax.minorticks_off()
+    if len(xs) == 1:
+        ax.set_xlim(xs[0] / 2, xs[0] * 2)
     ax.set_xlabel("concurrency (requests in flight / users)")
     ax.set_ylabel("output tokens/s")
     ax.set_ylim(bottom=0)
@@ -326,6 +347,9 @@ def plot_latency(inp: Inputs, out: Path) -> Optional[Path]:
             for p, ls in (("p50", "o-"), ("p95", "s--")):
                 ax.plot(x, [float(r[f"{metric}_{p}_ms"]) for r in rows], ls, label=f"{metric.upper()} {p}")
             ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(set(x)))
+            ax.set_xticklabels([f"{v:g}" for v in sorted(set(x))])
+            ax.minorticks_off()
             ax.set_ylim(bottom=0)
             ax.set_xlabel("concurrency (perf_analyzer)")
             ax.set_ylabel("ms")
@@ -334,19 +358,28 @@ def plot_latency(inp: Inputs, out: Path) -> Optional[Path]:
             ax.legend()
         col += 1
     if bars:
-        names = [b[0] for b in bars]
         for i, metric in enumerate(("ttft", "itl")):
             ax = axes[i][col]
-            xs = range(len(bars))
+            have = [b for b in bars if any(b[1].get(f"{metric}_{p}_ms") is not None for p in ("p50", "p95"))]
+            if not have:
+                ax.set_axis_off()
+                continue
+            xs = range(len(have))
             w = 0.38
+            vals_all = []
             for j, p in enumerate(("p50", "p95")):
-                vals = [b[1].get(f"{metric}_{p}_ms") or 0.0 for b in bars]
+                vals = [b[1].get(f"{metric}_{p}_ms") or 0.0 for b in have]
+                vals_all += [v for v in vals if v > 0]
                 rects = ax.bar([x + (j - 0.5) * w for x in xs], vals, w, label=p)
                 ax.bar_label(rects, fmt="%.0f", fontsize=7)
+            if vals_all and max(vals_all) > 10 * min(vals_all):
+                ax.set_yscale("log")
+                ax.set_ylabel("ms (log scale)")
+            else:
+                ax.set_ylabel("ms")
             ax.set_xticks(list(xs))
-            ax.set_xticklabels(names, fontsize=7.5)
-            ax.set_ylabel("ms")
-            ax.set_title(f"{metric.upper()} percentiles (client side)")
+            ax.set_xticklabels([b[0] for b in have], fontsize=7.5)
+            ax.set_title(f"{metric.upper()} percentiles (client side; systems without it left out)", fontsize=10)
             ax.grid(alpha=0.3, axis="y")
             ax.legend()
     fig.tight_layout()
@@ -396,7 +429,7 @@ def plot_kv_pages(label: str, rows: list[dict[str, Optional[float]]], server: Op
     ax.set_ylabel("KV pages")
     total = rows[-1].get("kv_pages_total")
     peak = max(a + c for a, c in zip(active, cached))
-    ax.set_ylim(0, max(peak * 1.25, 1))
+    ax.set_ylim(0, max(peak * 1.2, 1))
     title = f"KV pages in use over time ({label})"
     if total:
         title += f" — pool {int(total)} pages, min free {int(min(free))}"
@@ -404,16 +437,18 @@ def plot_kv_pages(label: str, rows: list[dict[str, Optional[float]]], server: Op
     ax.grid(alpha=0.3)
     for i, ph in enumerate((server or {}).get("phases", [])):
         for a in (ax, ax2):
-            a.axvspan(ph["start_s"], ph["end_s"], color=("tab:gray" if i % 2 else "gold"), alpha=0.12)
-        ax.text((ph["start_s"] + ph["end_s"]) / 2, peak * 1.15, ph["workload"], ha="center", fontsize=8)
-    ax.legend(loc="upper left", fontsize=8)
-    ax2.plot(t, [r.get("requests_running") or 0 for r in rows], label="running", color="tab:green")
-    ax2.plot(t, [r.get("requests_waiting") or 0 for r in rows], label="waiting", color="tab:purple")
+            a.axvspan(ph["start_s"], ph["end_s"], color=("tab:gray" if i % 2 else "gold"), alpha=0.15, lw=0)
+        ax.text((ph["start_s"] + ph["end_s"]) / 2, 0.97, ph.get("workload") or ph.get("label", ""), ha="center",
+                va="top", fontsize=8, transform=ax.get_xaxis_transform())
+    ax2.plot(t, [r.get("requests_running") or 0 for r in rows], label="requests running", color="tab:green")
+    ax2.plot(t, [r.get("requests_waiting") or 0 for r in rows], label="requests waiting", color="tab:purple")
     ax2.set_ylabel("requests")
     ax2.set_xlabel("seconds since sampling started (every 0.5 s)")
     ax2.grid(alpha=0.3)
-    ax2.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    fig.legend(h1 + h2, l1 + l2, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     path = out / f"kv_pages_{_slug(label)}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -451,7 +486,7 @@ def _server_section(label: str, data: dict[str, Any], png: Path) -> list[str]:
 
 
 def build_report(paths: Sequence[Path], out: Path, *, title: str = "kvshare benchmark report",
-                 copy_data: bool = False, command: Optional[str] = None) -> Path:
+                 copy_data: bool = False, command: Optional[str] = None, note: str = "") -> Path:
     out.mkdir(parents=True, exist_ok=True)
     inp = collect(paths)
     if not (inp.locust or inp.pa_rows or inp.server or inp.offline or inp.metrics):
@@ -459,6 +494,8 @@ def build_report(paths: Sequence[Path], out: Path, *, title: str = "kvshare benc
     md = [f"# {title}", "",
           f"Made by `{command or 'python -m perf.report ' + ' '.join(map(str, paths)) + ' -o ' + str(out)}` "
           f"on {time.strftime('%Y-%m-%d %H:%M')}.", ""]
+    if note:
+        md += [note, ""]
     summary = []
     for label, data in inp.server:
         for w, d in data.get("ratios", {}).items():
@@ -552,9 +589,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("inputs", nargs="+", type=Path, help="run directories and/or files")
     ap.add_argument("-o", "--out", type=Path, required=True, help="report directory (README.md + PNGs)")
     ap.add_argument("--title", default="kvshare benchmark report")
+    ap.add_argument("--note", default="", help="a paragraph (Markdown) placed under the title")
     ap.add_argument("--copy-data", action="store_true", help="copy the inputs (<= 5 MB each) to OUT/data/")
     args = ap.parse_args(argv)
-    report = build_report(args.inputs, args.out, title=args.title, copy_data=args.copy_data)
+    command = "python -m perf.report " + " ".join(map(str, args.inputs)) + f" -o {args.out}" + \
+        (" --copy-data" if args.copy_data else "") + (" --title ... --note ..." if args.note else "")
+    report = build_report(args.inputs, args.out, title=args.title, copy_data=args.copy_data, note=args.note,
+                          command=command)
     print(report)
     return 0
 

@@ -199,7 +199,15 @@ def generate(out_dir: Path, names: Sequence[str], *, seed: int = wt.DEFAULT_SEED
             (out_dir / fname).write_bytes(data)
             entry["files"][fname] = hashlib.sha256(data).hexdigest()
         manifest["workloads"][name] = entry
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    # Keep the entries of workloads generated earlier into the same directory with the same seed/tokenizer.
+    mf = out_dir / "manifest.json"
+    old = json.loads(mf.read_text()) if mf.exists() else {}
+    if all(old.get(k) == manifest[k] for k in ("seed", "tokenizer", "words_sha256")):
+        manifest["workloads"] = {**{n: e for n, e in old.get("workloads", {}).items() if n not in names
+                                    and all((out_dir / f).exists() for f in e.get("files", {}))},
+                                 **manifest["workloads"]}
+        manifest["workloads"] = {n: manifest["workloads"][n] for n in WORKLOADS if n in manifest["workloads"]}
+    mf.write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 

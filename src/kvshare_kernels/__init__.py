@@ -6,6 +6,8 @@ Entry points (see docs/interfaces.md for the layout; docs/kernels.md for the des
     paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out=None) -> [B, Hq, D]
     paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, context_lens, scale, out=None) -> [T, Hq, D]
     copy_pages(k_cache, v_cache, src_pages, dst_pages)
+    rms_norm(x, weight, eps, residual=None) -> [T, N]       (residual += x in place when given)
+    rotary_embedding(q, k, cos, sin, positions) -> (q, k)   (in place)
 
 The functions of this package pick the implementation from the device of their first tensor:
 the Triton kernels (``kvshare_kernels.kernels``) for CUDA tensors, the torch reference
@@ -23,8 +25,8 @@ import torch
 from . import reference
 from .checks import PageTableError, debug_enabled
 
-__all__ = ["write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_pages", "ops", "reference",
-           "PageTableError", "debug_enabled"]
+__all__ = ["write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_pages", "rms_norm",
+           "rotary_embedding", "ops", "reference", "PageTableError", "debug_enabled"]
 
 
 def ops(device: torch.device | str) -> ModuleType:
@@ -55,3 +57,19 @@ def paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, co
 
 def copy_pages(k_cache, v_cache, src_pages, dst_pages, **kw) -> None:
     return ops(_first_tensor(k_cache).device).copy_pages(k_cache, v_cache, src_pages, dst_pages, **kw)
+
+
+def rms_norm(x, weight, eps, *, residual=None, out=None) -> torch.Tensor:
+    if x.device.type == "cuda":
+        from .fused_norm import rms_norm as impl
+    else:
+        impl = reference.rms_norm
+    return impl(x, weight, eps, residual=residual, out=out)
+
+
+def rotary_embedding(q, k, cos, sin, positions) -> tuple[torch.Tensor, torch.Tensor]:
+    if q.device.type == "cuda":
+        from .fused_rotary import rotary_embedding as impl
+    else:
+        impl = reference.rotary_embedding
+    return impl(q, k, cos, sin, positions)

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from . import checks
 
-__all__ = ["write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_pages"]
+__all__ = ["write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_pages", "rms_norm",
+           "rotary_embedding"]
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -143,3 +144,31 @@ def copy_pages(k_cache: torch.Tensor | Sequence[torch.Tensor], v_cache: torch.Te
         dst = dst_pages.to(dk.device).long()
         dk.index_copy_(0, dst, k.index_select(0, src).to(dk.device, dk.dtype))
         dv.index_copy_(0, dst, v.index_select(0, src).to(dv.device, dv.dtype))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, residual: torch.Tensor | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """weight * normalize(x) in fp32; with residual: residual += x in place first, and normalize the sum."""
+    if residual is not None:
+        residual.copy_(residual + x)
+        x = residual
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    y = (weight * xf.to(x.dtype)).to(x.dtype)
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half rotary of q [T, Hq, D] and k [T, Hkv, D] in place at positions [T]; fp32 math, one rounding."""
+    c = cos.index_select(0, positions).float()[:, None, :]
+    s = sin.index_select(0, positions).float()[:, None, :]
+    for x in (q, k):
+        xf = x.float()
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+        x.copy_(xf * c + rotated * s)
+    return q, k

@@ -176,3 +176,31 @@ def test_engine_error_ends_all_requests_and_frees_pages(monkeypatch):
         assert o.finish_reason == "length"
     finally:
         loop.shutdown()
+
+
+def test_engine_loop_refuses_past_its_in_flight_limit_and_recovers():
+    from kvshare.engine.engine_loop import EngineLoop, Submission
+    import queue
+
+    e = make_engine()
+    got: queue.SimpleQueue = queue.SimpleQueue()
+    loop = EngineLoop(e, max_in_flight=2)
+    try:
+        long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        ps = prompts(3)
+        assert loop.try_submit(Submission("a", ps[0], long, "", False, got.put, None))
+        assert loop.try_submit(Submission("b", ps[1], long, "", False, got.put, None))
+        assert not loop.try_submit(Submission("c", ps[2], long, "", False, got.put, None))
+        finished = set()
+        while len(finished) < 2:
+            o = got.get(timeout=60)
+            if o.finished:
+                finished.add(o.request_id)
+        assert finished == {"a", "b"} and loop.in_flight == 0
+        assert loop.try_submit(Submission("c", ps[2], long, "", False, got.put, None))
+        while not got.get(timeout=60).finished:
+            pass
+        assert loop.in_flight == 0
+        loop.call(assert_idle)
+    finally:
+        loop.shutdown()

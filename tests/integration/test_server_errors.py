@@ -135,3 +135,34 @@ def test_many_cancellations_leave_no_page_referenced(triton_server, tokenizer):
         for s in streams:
             s.cancel()
     wait_for_idle_pool(triton_server.metrics_url)
+
+
+def test_overload_is_refused_with_a_clear_error_and_the_server_recovers(triton_server, tokenizer):
+    limit = 24   # KVSHARE_MAX_QUEUED_REQUESTS in tests/conftest.py
+    ids = tokenizer.encode("Overload test: write a very long story.")
+    with KvshareClient(triton_server.grpc_url, max_streams=64, stream_timeout=120) as client:
+        streams = [client.stream(GenerationRequest(input_ids=ids, max_tokens=300, ignore_eos=True, stream=True))
+                   for _ in range(limit + 6)]
+        refused = []
+        for s in streams:
+            try:
+                next(iter(s))
+            except ServerError as exc:
+                refused.append(str(exc))
+        for s in streams:
+            s.cancel()
+        assert len(refused) == 6, refused
+        assert all("overloaded" in m and "max_queued_requests" in m for m in refused), refused[:1]
+        wait_for_idle_pool(triton_server.metrics_url)
+        # The gauges are published between steps and may run a little ahead of the admission count:
+        # recovery must come within seconds, not at once.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                done = client.generate(GenerationRequest(input_ids=ids, max_tokens=4))
+                break
+            except ServerError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert done.finish_reason == "length"

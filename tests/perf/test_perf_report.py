@@ -133,3 +133,15 @@ def test_only_offline_json(tmp_path):
     (tmp_path / "off.json").write_text(json.dumps(rows))
     md = make_report.build_report([tmp_path / "off.json"], tmp_path / "r").read_text()
     assert "## Offline benchmark" in md and "seed-hot10" in md
+
+
+def test_metrics_csv_with_phases_file(tmp_path):
+    d = tmp_path / "live"
+    d.mkdir()
+    _write_csv(d / "metrics.csv", FIELDS, [[1000 + i, i, 10 * i, 5, 100, 115, 1, 0, "", "", "", "", ""] for i in range(6)])
+    (d / "phases.json").write_text(json.dumps([{"label": "Locust", "start_unix": 1001.0, "end_unix": 1004.0}]))
+    inp = make_report.collect([d])
+    ((label, rows, extra),) = inp.metrics
+    assert label == "live" and extra["phases"] == [{"workload": "Locust", "start_s": 1.0, "end_s": 4.0}]
+    md = make_report.build_report([d], tmp_path / "r").read_text()
+    assert "![KV pages](kv_pages_live.png)" in md and (tmp_path / "r" / "kv_pages_live.png").exists()

@@ -14,6 +14,7 @@ class EngineConfig:
     kv_cache_memory_gb: float = 0.5
     max_model_len: int | None = None      # default: the model's max position
     max_running: int = 64
+    max_queued_requests: int = 1024       # running + waiting; past it new requests get UNAVAILABLE
     max_step_tokens: int = 2048           # token budget of one step (decodes + prefill chunks)
     max_prefill_chunk: int = 512
     enable_prefix_caching: bool = True

@@ -36,8 +36,13 @@ class Submission:
 
 class EngineLoop:
     def __init__(self, engine: LLMEngine, *, cancel_poll_s: float = 0.05, idle_tick_s: float = 0.5,
-                 on_tick: Callable[[LLMEngine], None] | None = None):
+                 on_tick: Callable[[LLMEngine], None] | None = None, max_in_flight: int | None = None):
         self.engine = engine
+        # Admission control: past this many accepted-but-unfinished requests, try_submit refuses, so
+        # overload turns into a clear error for the client instead of unbounded queue growth.
+        self.max_in_flight = max_in_flight
+        self._in_flight = 0
+        self._count_lock = threading.Lock()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._probes: dict[str, Callable[[], bool]] = {}
@@ -49,7 +54,21 @@ class EngineLoop:
         self._thread.start()
 
     def submit(self, sub: Submission) -> None:
+        if not self.try_submit(sub):
+            raise OverflowError(f"{self._in_flight} requests in flight (limit {self.max_in_flight})")
+
+    def try_submit(self, sub: Submission) -> bool:
+        """Queues the request unless max_in_flight requests are already accepted and unfinished."""
+        with self._count_lock:
+            if self.max_in_flight is not None and self._in_flight >= self.max_in_flight:
+                return False
+            self._in_flight += 1
         self._inbox.put(("add", sub))
+        return True
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
 
     def cancel(self, request_id: str) -> None:
         self._inbox.put(("cancel", request_id))
@@ -134,9 +153,10 @@ class EngineLoop:
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             sink = self._sinks.get(out.request_id)
-            if out.finished:
-                self._sinks.pop(out.request_id, None)
+            if out.finished and self._sinks.pop(out.request_id, None) is not None:
                 self._probes.pop(out.request_id, None)
+                with self._count_lock:
+                    self._in_flight -= 1
             if sink is not None:
                 self._safe(sink, out)
 

@@ -1,6 +1,8 @@
 """Llama-family forward pass over the paged KV cache (SmolLM2, Llama 2/3, Mistral; Qwen2 with qkv bias)."""
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -29,31 +31,63 @@ class LlamaModel:
         self.scale = config.head_dim ** -0.5
         c = config
         self._q, self._kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        # On CUDA the norms (with their residual adds) and the rotary run as fused Triton kernels
+        # (kvshare_kernels.fused_*: one launch each instead of ~8-12); the CPU keeps the torch ops
+        # below, bit-identical to HF transformers. KVSHARE_FUSED_KERNELS=0 turns the fusion off.
+        self.fused = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_FUSED_KERNELS", "1") != "0"
+        if self.fused:
+            from kvshare_kernels.fused_norm import rms_norm as fused_rms_norm
+            from kvshare_kernels.fused_rotary import rotary_embedding
+
+            self._fused_rms_norm, self._fused_rotary = fused_rms_norm, rotary_embedding
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Computes and stores the KV of batch's tokens; returns fp32 logits [S, V] for logits_indices."""
         c, w = self.config, self.weights
         h = F.embedding(batch.input_ids, w.embed)
+        residual = None
         for layer, lw in enumerate(w.layers):
-            residual = h
-            x = rms_norm(h, lw.input_norm, c.rms_norm_eps)
+            x, residual = self._add_norm(h, residual, lw.input_norm)
             qkv = F.linear(x, lw.qkv, lw.qkv_bias)
             q, k, v = qkv.split([self._q, self._kv, self._kv], dim=-1)
             q = q.view(-1, c.num_heads, c.head_dim)
             k = k.view(-1, c.num_kv_heads, c.head_dim)
             v = v.view(-1, c.num_kv_heads, c.head_dim)
-            q, k = self.rope(batch.positions, q, k)
+            q, k = self._rotary(batch.positions, q, k)
             self.ops.write_kv(k, v, kv.k[layer], kv.v[layer], batch.slot_mapping)
             attn = self._attention(q, kv.k[layer], kv.v[layer], batch)
-            h = residual + F.linear(attn.reshape(-1, self._q), lw.o_proj)
-            residual = h
-            x = rms_norm(h, lw.post_norm, c.rms_norm_eps)
+            h = F.linear(attn.reshape(-1, self._q), lw.o_proj)
+            x, residual = self._add_norm(h, residual, lw.post_norm)
             gate, up = F.linear(x, lw.gate_up).chunk(2, dim=-1)
-            h = residual + F.linear(F.silu(gate) * up, lw.down)
-        h = h.index_select(0, batch.logits_indices)
-        h = rms_norm(h, w.final_norm, c.rms_norm_eps)
+            h = F.linear(F.silu(gate) * up, lw.down)
+        h = (residual + h).index_select(0, batch.logits_indices)
+        h = self._norm(h, w.final_norm)
         return F.linear(h, w.lm_head).float()
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return self._fused_rms_norm(x, weight, self.config.rms_norm_eps)
+        return rms_norm(x, weight, self.config.rms_norm_eps)
+
+    def _add_norm(self, h: torch.Tensor, residual: torch.Tensor | None,
+                  weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(residual + h), residual + h); no residual yet (layer 0): h is the residual stream.
+
+        The fused kernel adds into ``residual`` in place (a tensor this forward owns); the torch
+        path allocates the sum, as the reference implementation does.
+        """
+        if residual is None:
+            return self._norm(h, weight), h
+        if self.fused:
+            return self._fused_rms_norm(h, weight, self.config.rms_norm_eps, residual=residual), residual
+        residual = residual + h
+        return rms_norm(residual, weight, self.config.rms_norm_eps), residual
+
+    def _rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused:   # in place, in the qkv projection's buffer
+            return self._fused_rotary(q, k, self.rope.cos, self.rope.sin, positions)
+        return self.rope(positions, q, k)
 
     def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, b: ForwardBatch) -> torch.Tensor:
         if b.decode_only:

@@ -19,7 +19,7 @@ from ..engine.engine_loop import EngineLoop, Submission
 from ..engine.outputs import InvalidRequest
 from .inputs import generation_request
 from .metrics import EngineMetrics
-from .response_stream import ClientStream, ResponsePump, error_response
+from .response_stream import ClientStream, ResponsePump, error_response, overloaded_response
 
 log = logging.getLogger("kvshare.triton")
 
@@ -49,7 +49,8 @@ class LLMEngineModel:
         self.engine = LLMEngine(config)
         self.metrics = EngineMetrics(pb_utils, args.get("model_name", "llm_engine"))
         self.pump = ResponsePump(pb_utils)
-        self.loop = EngineLoop(self.engine, on_tick=self._publish_metrics)
+        self.loop = EngineLoop(self.engine, on_tick=self._publish_metrics,
+                               max_in_flight=config.max_queued_requests)
         self._ids = itertools.count()
         log.info("kvshare engine ready: %d KV pages of %d tokens", self.engine.kv.num_pages, self.engine.kv.page_size)
 
@@ -69,8 +70,13 @@ class LLMEngineModel:
                 continue
             request_id = f"{request.request_id() or 'req'}#{next(self._ids)}"
             self.pump.register(request_id, ClientStream(sender, parsed))
-            self.loop.submit(Submission(request_id, parsed.prompt_ids, parsed.params, parsed.cache_salt,
-                                        not parsed.exclude_input_in_output, self.pump.put, sender.is_cancelled))
+            accepted = self.loop.try_submit(Submission(request_id, parsed.prompt_ids, parsed.params, parsed.cache_salt,
+                                                       not parsed.exclude_input_in_output, self.pump.put,
+                                                       sender.is_cancelled))
+            if not accepted:
+                self.pump.forget(request_id)
+                sender.send(overloaded_response(pb_utils, self.loop.in_flight, self.loop.max_in_flight),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
     def finalize(self):

@@ -35,6 +35,16 @@ def error_response(pb, message: str, invalid_arg: bool = True):
     return pb.InferenceResponse(output_tensors=[], error=err)
 
 
+def overloaded_response(pb, in_flight: int, limit: int):
+    message = (f"llm_engine is overloaded: {in_flight} requests are already running or queued "
+               f"(max_queued_requests = {limit}); retry later")
+    try:
+        err = pb.TritonError(message, pb.TritonError.UNAVAILABLE)
+    except (AttributeError, TypeError):
+        err = pb.TritonError(message)
+    return pb.InferenceResponse(output_tensors=[], error=err)
+
+
 def build_response(pb, out: RequestOutput, req: GenerationRequest):
     tensors = [
         pb.Tensor("text_output", np.array([[out.text.encode("utf-8")]], dtype=np.object_)),
@@ -61,6 +71,10 @@ class ResponsePump:
     def register(self, request_id: str, stream: ClientStream) -> None:
         with self._lock:
             self._streams[request_id] = stream
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
 
     def put(self, out: RequestOutput) -> None:
         """Called on the engine thread."""

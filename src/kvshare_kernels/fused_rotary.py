@@ -1,0 +1,86 @@
+"""rotary_embedding: rotate q and k in place at their positions, one Triton program per token.
+
+Rotate-half convention (Llama, HF): with x = [x1 | x2] (halves of the head dim) and the tables
+cos/sin [max_position, D] whose two halves are equal (``cat([freqs, freqs])``),
+
+    x1' = x1 * cos[p, :D/2] - x2 * sin[p, :D/2]
+    x2' = x2 * cos[p, D/2:] + x1 * sin[p, D/2:]
+
+computed in fp32 and rounded once to the activation dtype. A program reads its token's position
+(int32 or int64) and cos/sin row once and rotates every q head and every k head of the token, so
+one launch replaces the ~12 small kernels of the torch version (gathers, slices, cat, mul, add).
+q and k may be strided views of a fused qkv projection (any token and head stride, contiguous D).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotate_heads(X, t, stride_t, stride_h, cos1, sin1, cos2, sin2,
+                  NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    d = tl.arange(0, BLOCK_HALF)
+    for h0 in range(0, NUM_HEADS, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        mask = (h[:, None] < NUM_HEADS) & (d[None, :] < HALF)
+        p1 = X + t * stride_t + h[:, None] * stride_h + d[None, :]
+        x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
+        tl.store(p1, (x1 * cos1 - x2 * sin1).to(X.dtype.element_ty), mask=mask)
+        tl.store(p1 + HALF, (x2 * cos2 + x1 * sin2).to(X.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(Q, K, COS, SIN, POS, stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
+                   NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(POS + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)
+    dm = d < HALF
+    cos1 = tl.load(COS + pos * stride_cos + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    cos2 = tl.load(COS + pos * stride_cos + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    sin1 = tl.load(SIN + pos * stride_sin + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    sin2 = tl.load(SIN + pos * stride_sin + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    _rotate_heads(Q, t, stride_qt, stride_qh, cos1, sin1, cos2, sin2, NUM_Q_HEADS, HALF, BLOCK_H, BLOCK_HALF)
+    _rotate_heads(K, t, stride_kt, stride_kh, cos1, sin1, cos2, sin2, NUM_K_HEADS, HALF, BLOCK_H, BLOCK_HALF)
+
+
+def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D], k [T, Hkv, D] rotated in place at positions [T] (int32/int64); returns (q, k).
+
+    cos, sin: [max_position, D] tables (rows indexed by position; contiguous D). Positions must
+    lie in [0, max_position): they are not checked (a device check would synchronise).
+    """
+    _check(q, k, cos, sin, positions)
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    if t == 0:
+        return q, k
+    half = d // 2
+    block_half = triton.next_power_of_2(half)
+    block_h = max(1, min(triton.next_power_of_2(max(hq, hkv)), 2048 // block_half))
+    _rotary_kernel[(t,)](
+        q, k, cos, sin, positions, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
+        NUM_Q_HEADS=hq, NUM_K_HEADS=hkv, HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=4,
+    )
+    return q, k
+
+
+def _check(q, k, cos, sin, positions) -> None:
+    t, _, d = q.shape
+    if k.dim() != 3 or k.shape[0] != t or k.shape[2] != d or d % 2:
+        raise ValueError(f"rotary_embedding: q {tuple(q.shape)} / k {tuple(k.shape)} must be [T, H, D] with even D")
+    if q.stride(-1) != 1 or k.stride(-1) != 1:
+        raise ValueError("rotary_embedding: q and k need a contiguous last dim (they are rotated in place)")
+    if cos.dim() != 2 or cos.shape[1] != d or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError(f"rotary_embedding: cos/sin must be [max_position, {d}], got {tuple(cos.shape)} / {tuple(sin.shape)}")
+    if positions.shape != (t,) or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"rotary_embedding: positions must be int32/int64 [{t}], got {positions.dtype} {tuple(positions.shape)}")
+
+
+__all__ = ["rotary_embedding"]
