@@ -39,11 +39,14 @@ def block(kind: str, items: list[str]) -> str:
 
 
 def llm_engine() -> str:
+    # request_key / cancel_request_key: llm_bls's side channel, since Triton 2.51 cannot cancel BLS requests.
+    control = [tensor("request_key", "TYPE_STRING", "1", True), tensor("cancel_request_key", "TYPE_STRING", "1", True)]
     return HEADER + '''name: "llm_engine"
 backend: "python"
 max_batch_size: 64
 model_transaction_policy { decoupled: true }
-''' + block("input", [tensor("input_ids", "TYPE_INT32", "-1")] + [tensor(*s, optional=True) for s in SAMPLING]) \
+''' + block("input", [tensor("input_ids", "TYPE_INT32", "-1")] + [tensor(*s, optional=True) for s in SAMPLING]
+                + control) \
         + block("output", [tensor(*o) for o in OUTPUTS]) + '''instance_group [ { count: 1, kind: KIND_CPU } ]
 # Engine settings (kvshare.engine.engine_config.EngineConfig); KVSHARE_<NAME> environment variables override them.
 parameters { key: "page_size" value: { string_value: "16" } }
@@ -95,7 +98,20 @@ max_batch_size: 64
 '''
 
 
-CONFIGS = {"llm_engine": llm_engine, "preprocessing": preprocessing, "ensemble": ensemble}
+def llm_bls() -> str:
+    return HEADER + '''name: "llm_bls"
+backend: "python"
+max_batch_size: 64
+model_transaction_policy { decoupled: true }
+''' + block("input", [tensor("text_input", "TYPE_STRING", "1", True), tensor("apply_chat_template", "TYPE_BOOL", "1", True)]
+                + [tensor(*s, optional=True) for s in SAMPLING]) \
+        + block("output", [tensor(*o) for o in OUTPUTS]) + '''instance_group [ { count: 1, kind: KIND_CPU } ]
+# Same wire contract as `ensemble`, but a client's cancel reaches the engine (see bls_text_model.py).
+parameters { key: "apply_chat_template" value: { string_value: "false" } }
+'''
+
+
+CONFIGS = {"llm_engine": llm_engine, "preprocessing": preprocessing, "ensemble": ensemble, "llm_bls": llm_bls}
 
 
 def main(repo: Path) -> None:

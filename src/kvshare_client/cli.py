@@ -18,7 +18,7 @@ import sys
 from typing import Any, Optional, Sequence, TextIO
 
 from .errors import KvshareClientError
-from .types import TEXT_MODEL, TOKEN_MODEL, Completion, GenerationRequest
+from .types import CANCELLABLE_TEXT_MODEL, TEXT_MODEL, TOKEN_MODEL, Completion, GenerationRequest
 
 DEFAULT_URL = "localhost:8001"
 METRICS_PORT = 8002
@@ -36,8 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
         "prompt", help="prompt text ('-' reads stdin); with --model llm_engine: token ids '1 2 3' or '1,2,3'"
     )
     add_url(g)
-    g.add_argument("--model", default=TEXT_MODEL, choices=(TEXT_MODEL, TOKEN_MODEL))
-    g.add_argument("--chat", action="store_true", help="apply the model's chat template (ensemble only)")
+    g.add_argument("--model", default=TEXT_MODEL, choices=(TEXT_MODEL, CANCELLABLE_TEXT_MODEL, TOKEN_MODEL),
+                   help="ensemble: text (TensorRT-LLM dialect); llm_bls: the same, and Ctrl-C frees the request "
+                        "on the server at once; llm_engine: token ids")
+    g.add_argument("--chat", action="store_true", help="apply the model's chat template (text models only)")
     g.add_argument("--max-tokens", type=int)
     g.add_argument("--min-tokens", type=int)
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS (up to --max-tokens)")

@@ -13,6 +13,9 @@ from typing import Iterable, Optional, Sequence
 # The two models of the wire contract (docs/interfaces.md, /work/shared/design.md).
 TEXT_MODEL = "ensemble"
 TOKEN_MODEL = "llm_engine"
+# The same text contract as `ensemble`, served by a BLS model whose cancels reach the engine
+# (Triton 2.51 does not cancel a running ensemble step).
+CANCELLABLE_TEXT_MODEL = "llm_bls"
 
 
 def _as_tuple(values: Optional[Iterable], kind: type, field_name: str) -> Optional[tuple]:

@@ -166,3 +166,25 @@ def test_overload_is_refused_with_a_clear_error_and_the_server_recovers(triton_s
                     raise
                 time.sleep(0.2)
         assert done.finish_reason == "length"
+
+
+def test_llm_bls_streams_like_the_ensemble_and_its_cancel_frees_pages(triton_server):
+    req = GenerationRequest(prompt="What is the capital of France?", apply_chat_template=True, max_tokens=16,
+                            temperature=0.0, stream=True)
+    with KvshareClient(triton_server.grpc_url, stream_timeout=120) as client:
+        via_bls = client.generate(req, model="llm_bls")
+        via_ensemble = client.generate(req, model="ensemble")
+        assert via_bls.text == via_ensemble.text and via_bls.token_ids == via_ensemble.token_ids
+        with pytest.raises(ServerError, match="top_p"):
+            client.generate(GenerationRequest(prompt="hi", top_p=3.0), model="llm_bls")
+        with pytest.raises(ServerError, match="text_input"):
+            client.generate(GenerationRequest(prompt="   "), model="llm_bls")
+        wait_for_idle_pool(triton_server.metrics_url)
+        stream = client.stream(GenerationRequest(prompt="Count from one to one thousand:", max_tokens=400,
+                                                 ignore_eos=True, stream=True), model="llm_bls")
+        chunks = iter(stream)
+        next(chunks)
+        next(chunks)
+        stream.cancel()
+    # 400 tokens take tens of seconds on this CPU; the pool empties within a few seconds of the cancel.
+    wait_for_idle_pool(triton_server.metrics_url, timeout_s=5.0)

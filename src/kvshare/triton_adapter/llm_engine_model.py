@@ -62,13 +62,20 @@ class LLMEngineModel:
         for request in requests:
             sender = request.get_response_sender()
             get = lambda name, r=request: _as_numpy(pb_utils.get_input_tensor_by_name(r, name))
+            cancel_key = get("cancel_request_key")
+            if cancel_key is not None:
+                # A control request from llm_bls: its client cancelled (Triton 2.51 has no BLS cancel).
+                self.loop.cancel(_keyed_id(cancel_key))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
             try:
                 parsed = generation_request(get, default_max_tokens=self.engine.config.default_max_tokens)
                 self.engine.validate(parsed.prompt_ids, parsed.params)
             except InvalidRequest as exc:
                 sender.send(error_response(pb_utils, str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            request_id = f"{request.request_id() or 'req'}#{next(self._ids)}"
+            key = get("request_key")
+            request_id = _keyed_id(key) if key is not None else f"{request.request_id() or 'req'}#{next(self._ids)}"
             self.pump.register(request_id, ClientStream(sender, parsed))
             accepted = self.loop.try_submit(Submission(request_id, parsed.prompt_ids, parsed.params, parsed.cache_salt,
                                                        not parsed.exclude_input_in_output, self.pump.put,
@@ -83,6 +90,11 @@ class LLMEngineModel:
         log.info("kvshare engine shutting down")
         self.loop.shutdown()
         self.pump.close()
+
+
+def _keyed_id(key) -> str:
+    raw = key.reshape(-1)[0]
+    return "key:" + (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
 
 
 def _as_numpy(tensor):

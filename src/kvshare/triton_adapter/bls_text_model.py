@@ -1,0 +1,107 @@
+"""Triton adapter of `llm_bls`: text in, text deltas out, like `ensemble`, but cancellable.
+
+Triton 2.51 passes a client's cancel into neither a running ensemble step nor a BLS request, so a
+cancelled `ensemble` request runs to its end. This decoupled model tokenizes, streams from
+`llm_engine` through BLS under a fresh request key, forwards every response, and when its own
+client cancels it sends `llm_engine` a control request with that key: the engine ends the request
+and frees its pages at once. (TensorRT-LLM ships the same pair: `ensemble` and `tensorrt_llm_bls`.)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from ..engine.outputs import InvalidRequest
+from ..runtime.tokenizer import encode_prompt, load_tokenizer
+from .inputs import sampling_params, text_input
+from .response_stream import error_response
+
+log = logging.getLogger("kvshare.triton")
+
+ENGINE = "llm_engine"
+PASSTHROUGH = ("max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "repetition_penalty",
+               "presence_penalty", "frequency_penalty", "seed", "stop_words", "exclude_input_in_output",
+               "return_num_input_tokens", "return_num_output_tokens", "cache_salt", "ignore_eos")
+
+
+def _key_tensor(name: str, key: str):
+    return pb_utils.Tensor(name, np.array([[key.encode()]], dtype=np.object_))
+
+
+class BLSTextModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.tokenizer = load_tokenizer(os.environ.get("KVSHARE_MODEL") or params.get("model") or None)
+        self.default_chat = params.get("apply_chat_template", "false").lower() == "true"
+        self.outputs = [o["name"] for o in config["output"]]
+        # One thread per stream in flight: BLS iteration blocks while the engine generates.
+        self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_streams", "1024")), thread_name_prefix="llm-bls")
+
+    def execute(self, requests):
+        for request in requests:
+            self.pool.submit(self._serve, request)
+        return None
+
+    def finalize(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _serve(self, request) -> None:
+        sender = request.get_response_sender()
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            ids = self._prompt_ids(request)
+        except InvalidRequest as exc:
+            sender.send(error_response(pb_utils, str(exc)), flags=final)
+            return
+        key = uuid.uuid4().hex
+        inputs = [pb_utils.Tensor("input_ids", np.array([ids], dtype=np.int32)), _key_tensor("request_key", key)]
+        for name in PASSTHROUGH:
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            if t is not None:
+                inputs.append(t)
+        cancelled = False
+        try:
+            bls = pb_utils.InferenceRequest(model_name=ENGINE, inputs=inputs, requested_output_names=self.outputs)
+            for response in bls.exec(decoupled=True):
+                if response.has_error():
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[], error=response.error()), flags=final)
+                    return
+                if not cancelled and sender.is_cancelled():
+                    cancelled = True
+                    self._cancel(key)
+                tensors = response.output_tensors()
+                if tensors and not cancelled:
+                    sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+        except Exception as exc:  # the engine model went away, or BLS failed: the client still gets an end
+            log.exception("llm_bls stream failed")
+            sender.send(error_response(pb_utils, f"llm_bls: {exc}", invalid_arg=False), flags=final)
+            return
+        sender.send(flags=final)
+
+    def _prompt_ids(self, request) -> list[int]:
+        def get(name):
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            return None if t is None else t.as_numpy()
+
+        text = text_input(get)
+        sampling_params(get, default_max_tokens=1)
+        chat = get("apply_chat_template")
+        use_chat = self.default_chat if chat is None else bool(chat.reshape(-1)[0])
+        try:
+            return encode_prompt(self.tokenizer, text, chat=use_chat)
+        except ValueError as exc:
+            raise InvalidRequest("apply_chat_template", str(exc)) from None
+
+    def _cancel(self, key: str) -> None:
+        ctl = pb_utils.InferenceRequest(
+            model_name=ENGINE, requested_output_names=[],
+            inputs=[pb_utils.Tensor("input_ids", np.zeros((1, 1), dtype=np.int32)), _key_tensor("cancel_request_key", key)])
+        for _ in ctl.exec(decoupled=True):
+            pass
