@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,9 +17,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
-from ..runtime.tokenizer import encode_prompt, load_tokenizer
-from .inputs import sampling_params, text_input
 from .response_stream import error_response
+from .text_prompt import TextPrompter
 
 log = logging.getLogger("kvshare.triton")
 
@@ -36,13 +34,11 @@ def _key_tensor(name: str, key: str):
 
 class BLSTextModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.tokenizer = load_tokenizer(os.environ.get("KVSHARE_MODEL") or params.get("model") or None)
-        self.default_chat = params.get("apply_chat_template", "false").lower() == "true"
-        self.outputs = [o["name"] for o in config["output"]]
+        self.prompter = TextPrompter(args["model_config"])
+        self.outputs = [o["name"] for o in json.loads(args["model_config"])["output"]]
         # One thread per stream in flight: BLS iteration blocks while the engine generates.
-        self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_streams", "1024")), thread_name_prefix="llm-bls")
+        self.pool = ThreadPoolExecutor(max_workers=int(self.prompter.params.get("max_streams", "1024")),
+                                       thread_name_prefix="llm-bls")
 
     def execute(self, requests):
         for request in requests:
@@ -55,8 +51,12 @@ class BLSTextModel:
     def _serve(self, request) -> None:
         sender = request.get_response_sender()
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        def get(name):
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            return None if t is None else t.as_numpy()
+
         try:
-            ids = self._prompt_ids(request)
+            ids = self.prompter.prompt_ids(get)
         except InvalidRequest as exc:
             sender.send(error_response(pb_utils, str(exc)), flags=final)
             return
@@ -84,20 +84,6 @@ class BLSTextModel:
             sender.send(error_response(pb_utils, f"llm_bls: {exc}", invalid_arg=False), flags=final)
             return
         sender.send(flags=final)
-
-    def _prompt_ids(self, request) -> list[int]:
-        def get(name):
-            t = pb_utils.get_input_tensor_by_name(request, name)
-            return None if t is None else t.as_numpy()
-
-        text = text_input(get)
-        sampling_params(get, default_max_tokens=1)
-        chat = get("apply_chat_template")
-        use_chat = self.default_chat if chat is None else bool(chat.reshape(-1)[0])
-        try:
-            return encode_prompt(self.tokenizer, text, chat=use_chat)
-        except ValueError as exc:
-            raise InvalidRequest("apply_chat_template", str(exc)) from None
 
     def _cancel(self, key: str) -> None:
         ctl = pb_utils.InferenceRequest(
