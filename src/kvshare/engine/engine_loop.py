@@ -93,12 +93,16 @@ class EngineLoop:
         while not self._stopping.is_set():
             self._drain_inbox(block=not self.engine.has_work)
             now = time.monotonic()
-            if self.engine.has_work:
+            was_busy = self.engine.has_work
+            if was_busy:
                 if now - last_poll >= self._cancel_poll_s:
                     self._poll_cancellations()
                     last_poll = now
                 self._step()
-            if self._on_tick is not None and now - last_tick >= self._idle_tick_s:
+            # Tick on schedule, and at once when the engine falls idle, so that gauges read right
+            # after the last request ends already show the empty pool.
+            went_idle = was_busy and not self.engine.has_work
+            if self._on_tick is not None and (went_idle or now - last_tick >= self._idle_tick_s):
                 last_tick = now
                 self._safe(self._on_tick, self.engine)
         self._deliver(self.engine.abort_all("cancelled", "the server is shutting down"))
