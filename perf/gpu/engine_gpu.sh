@@ -36,3 +36,11 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   stage $B --workloads seed-hot10 --max-requests 96 --baselines no-sharing,generate \
      --json "$OUT/bench_hot10.json" 2>&1 | grep -v "it/s]" | tee "$OUT/bench_hot10.log"
 fi
+if [ "$MODE" = shared ]; then
+  # SGLang's generated-shared-prefix shape (2048-token system prompt per group + 128-token question),
+  # cut to its first 192 requests (~3 per group after the trace's shuffle) and 128 output tokens so it
+  # fits a short lease: prefix sharing on vs off, same 40 GB pool.
+  stage timeout 200 python3 perf/offline_benchmark.py --model dummy:llama-2-7b --device cuda --dtype float16 \
+     --workloads shared-prefix --max-requests 192 --output-tokens 128 --baselines no-sharing --kv-gb 40 \
+     --json "$OUT/bench_shared_prefix.json" 2>&1 | grep -v "it/s]" | tee "$OUT/bench_shared_prefix.log"
+fi
