@@ -6,7 +6,7 @@
 # Each stage has its own time limit and a failing stage does not stop the next one (each prints its
 # exit status as "[stage rc=N, S s]").
 #
-#   bash perf/gpu/engine_gpu.sh [parity|graphs|bench|all]
+#   bash perf/gpu/engine_gpu.sh [parity|graphs|bench|all|shared]
 set -o pipefail
 MODE=${1:-all}
 OUT=${OUT:-/tmp/kvshare-engine-out}
