@@ -39,8 +39,8 @@ fi
 if [ "$MODE" = shared ]; then
   # SGLang's generated-shared-prefix shape (2048-token system prompt per group + 128-token question),
   # cut to its first 192 requests (~3 per group after the trace's shuffle) and 128 output tokens so it
-  # fits a short lease: prefix sharing on vs off, same 40 GB pool.
+  # fits a short lease: prefix sharing on vs off, same pool (KV_GB, default 40).
   stage timeout 200 python3 perf/offline_benchmark.py --model dummy:llama-2-7b --device cuda --dtype float16 \
-     --workloads shared-prefix --max-requests 192 --output-tokens 128 --baselines no-sharing --kv-gb 40 \
+     --workloads shared-prefix --max-requests 192 --output-tokens 128 --baselines no-sharing --kv-gb ${KV_GB:-40} \
      --json "$OUT/bench_shared_prefix.json" 2>&1 | grep -v "it/s]" | tee "$OUT/bench_shared_prefix.log"
 fi
