@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
+import kvshare_kernels
 import torch
 import torch.nn.functional as F
 
-from .attention import AttentionOps, attention_ops
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
 from .model_config import ModelConfig
@@ -23,11 +24,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: LlamaWeights, *, device: torch.device, dtype: torch.dtype,
-                 ops: AttentionOps | None = None):
+                 ops: ModuleType | None = None):
         self.config = config
         self.weights = weights
         self.rope = RotaryEmbedding(config, device, dtype)
-        self.ops = ops or attention_ops(device)
+        self.ops = ops or kvshare_kernels.ops(device)   # Triton on CUDA, torch reference elsewhere
         self.scale = config.head_dim ** -0.5
         c = config
         self._q, self._kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
