@@ -135,36 +135,13 @@ def workload_for(opts: Any) -> tuple[GenerationRequest, ...]:
 
 
 def fire_completion_events(env: Environment, name: str, completion: Completion, start_time: float) -> None:
-    tokens = completion.output_tokens or 0
-    env.events.request.fire(
-        request_type=STREAM_TYPE,
-        name=name,
-        response_time=completion.e2e_s * 1e3,
-        response_length=tokens,
-        exception=None,
-        context={},
-        start_time=start_time,
-    )
-    if completion.ttft_s is not None:
-        env.events.request.fire(
-            request_type=TTFT_TYPE,
-            name=name,
-            response_time=completion.ttft_s * 1e3,
-            response_length=0,
-            exception=None,
-            context={},
-            start_time=start_time,
-        )
-    if completion.itl_s is not None:
-        env.events.request.fire(
-            request_type=ITL_TYPE,
-            name=name,
-            response_time=completion.itl_s * 1e3,
-            response_length=0,
-            exception=None,
-            context={},
-            start_time=start_time,
-        )
+    """One Locust request event per stream (end to end, with its tokens), plus TTFT and ITL rows."""
+    rows = [(STREAM_TYPE, completion.e2e_s, completion.output_tokens or 0),
+            (TTFT_TYPE, completion.ttft_s, 0), (ITL_TYPE, completion.itl_s, 0)]
+    for request_type, seconds, length in rows:
+        if seconds is not None:
+            env.events.request.fire(request_type=request_type, name=name, response_time=seconds * 1e3,
+                                    response_length=length, exception=None, context={}, start_time=start_time)
 
 
 class KvshareGrpcUser(User):
