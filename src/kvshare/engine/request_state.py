@@ -26,7 +26,10 @@ class RequestState:
     cached_tokens: int = 0
 
     def token_slice(self, start: int, n: int) -> list[int]:
+        """Tokens [start, start+n) of prompt + output, without concatenating the two (hot path)."""
         p = len(self.prompt_ids)
         if start + n <= p:
             return self.prompt_ids[start:start + n]
-        return (self.prompt_ids + self.output_ids)[start:start + n]
+        if start >= p:
+            return self.output_ids[start - p:start - p + n]
+        return self.prompt_ids[start:] + self.output_ids[:start + n - p]
