@@ -6,9 +6,7 @@ Sources: a transformers model (loaded from a GGUF file or an HF safetensors dire
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 

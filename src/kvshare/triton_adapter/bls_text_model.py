@@ -81,7 +81,7 @@ class BLSTextModel:
                     sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
         except Exception as exc:  # the engine model went away, or BLS failed: the client still gets an end
             log.exception("llm_bls stream failed")
-            sender.send(error_response(pb_utils, f"llm_bls: {exc}", invalid_arg=False), flags=final)
+            sender.send(error_response(pb_utils, f"llm_bls: {exc}", "INTERNAL"), flags=final)
             return
         sender.send(flags=final)
 

@@ -26,23 +26,18 @@ class ClientStream:
     buffered: RequestOutput | None = None   # non-streaming requests send once, at the end
 
 
-def error_response(pb, message: str, invalid_arg: bool = True):
+def error_response(pb, message: str, code: str = "INVALID_ARG"):
+    """A final error response; code names a pb.TritonError code (INVALID_ARG, INTERNAL, UNAVAILABLE)."""
     try:
-        code = pb.TritonError.INVALID_ARG if invalid_arg else pb.TritonError.INTERNAL
-        err = pb.TritonError(message, code)
-    except (AttributeError, TypeError):
+        err = pb.TritonError(message, getattr(pb.TritonError, code))
+    except (AttributeError, TypeError):   # stubs without error codes
         err = pb.TritonError(message)
     return pb.InferenceResponse(output_tensors=[], error=err)
 
 
 def overloaded_response(pb, in_flight: int, limit: int):
-    message = (f"llm_engine is overloaded: {in_flight} requests are already running or queued "
-               f"(max_queued_requests = {limit}); retry later")
-    try:
-        err = pb.TritonError(message, pb.TritonError.UNAVAILABLE)
-    except (AttributeError, TypeError):
-        err = pb.TritonError(message)
-    return pb.InferenceResponse(output_tensors=[], error=err)
+    return error_response(pb, f"llm_engine is overloaded: {in_flight} requests are already running or queued "
+                              f"(max_queued_requests = {limit}); retry later", "UNAVAILABLE")
 
 
 def build_response(pb, out: RequestOutput, req: GenerationRequest):
@@ -113,7 +108,7 @@ class ResponsePump:
         flags = self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.finished else 0
         try:
             if out.finish_reason == "error":
-                stream.sender.send(error_response(self._pb, out.error or "generation failed", invalid_arg=False), flags=flags)
+                stream.sender.send(error_response(self._pb, out.error or "generation failed", "INTERNAL"), flags=flags)
             else:
                 stream.sender.send(build_response(self._pb, out, stream.request), flags=flags)
         except Exception:
