@@ -25,6 +25,7 @@ from workload_traces import Trace, make_trace  # noqa: E402
 
 from kvshare.engine.engine import LLMEngine  # noqa: E402
 from kvshare.engine.engine_config import EngineConfig  # noqa: E402
+from kvshare.engine.gc_tuning import freeze_startup_heap, thaw  # noqa: E402
 from kvshare.runtime.weights import LoadedModel, load_model  # noqa: E402
 from kvshare.sampling_params import SamplingParams  # noqa: E402
 
@@ -68,6 +69,7 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
                        enable_prefix_caching=sharing)
     engine = LLMEngine(cfg, loaded=loaded)
+    freeze_startup_heap()   # as the server does: no full GC walks over the weights' objects per step
     pending = list(trace.requests)
     in_flight: set[str] = set()
     arrival: dict[str, float] = {}
@@ -97,6 +99,7 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
     secs = time.perf_counter() - start
     pool = engine.stats().pool
     del engine
+    thaw()
     return Row(trace.name, label, len(trace.requests), out_tokens, secs, out_tokens / secs, _pct(ttft, 0.5),
                _pct(ttft, 0.95), peak, pool.prefix_hit_rate)
 

@@ -25,7 +25,7 @@ if [ "$MODE" = all ] || [ "$MODE" = graphs ]; then
     stage timeout 200 python3 perf/gpu/check_cuda_graphs.py
     stage timeout 90 python3 -m pytest -q -p no:cacheprovider tests/runtime
     stage timeout 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_norm.py \
-        tests/kernels/test_fused_rotary.py tests/kernels/test_fused_forward.py
+        tests/kernels/test_fused_rotary.py tests/kernels/test_fused_forward.py tests/kernels/test_fused_silu.py
   } 2>&1 | tee "$OUT/graphs.log"
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then

@@ -8,6 +8,7 @@ Entry points (see docs/interfaces.md for the layout; docs/kernels.md for the des
     copy_pages(k_cache, v_cache, src_pages, dst_pages)
     rms_norm(x, weight, eps, residual=None) -> [T, N]       (residual += x in place when given)
     rotary_embedding(q, k, cos, sin, positions) -> (q, k)   (in place)
+    silu_and_mul(gate_up) -> [T, I]                         (silu(gate) * up)
 
 The functions of this package pick the implementation from the device of their first tensor:
 the Triton kernels (``kvshare_kernels.kernels``) for CUDA tensors, the torch reference
@@ -26,7 +27,7 @@ from . import reference
 from .checks import PageTableError, debug_enabled
 
 __all__ = ["write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_pages", "rms_norm",
-           "rotary_embedding", "ops", "reference", "PageTableError", "debug_enabled"]
+           "rotary_embedding", "silu_and_mul", "ops", "reference", "PageTableError", "debug_enabled"]
 
 
 def ops(device: torch.device | str) -> ModuleType:
@@ -73,3 +74,11 @@ def rotary_embedding(q, k, cos, sin, positions) -> tuple[torch.Tensor, torch.Ten
     else:
         impl = reference.rotary_embedding
     return impl(q, k, cos, sin, positions)
+
+
+def silu_and_mul(gate_up, out=None) -> torch.Tensor:
+    if gate_up.device.type == "cuda":
+        from .fused_silu import silu_and_mul as impl
+    else:
+        impl = reference.silu_and_mul
+    return impl(gate_up, out)

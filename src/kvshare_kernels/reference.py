@@ -172,3 +172,13 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
         rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
         x.copy_(xf * c + rotated * s)
     return q, k
+
+
+def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up over gate_up [T, 2I] (gate first), as the Llama MLP computes it in torch."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    y = F.silu(gate) * up
+    if out is None:
+        return y
+    out.copy_(y)
+    return out

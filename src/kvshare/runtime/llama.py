@@ -32,15 +32,17 @@ class LlamaModel:
         self.scale = config.head_dim ** -0.5
         c = config
         self._q, self._kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        # On CUDA the norms (with their residual adds) and the rotary run as fused Triton kernels
-        # (kvshare_kernels.fused_*: one launch each instead of ~8-12); the CPU keeps the torch ops
+        # On CUDA the norms (with their residual adds), the rotary and silu(gate)*up run as fused Triton
+        # kernels (kvshare_kernels.fused_*: one launch each instead of 2-12); the CPU keeps the torch ops
         # below, bit-identical to HF transformers. KVSHARE_FUSED_KERNELS=0 turns the fusion off.
         self.fused = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_FUSED_KERNELS", "1") != "0"
         if self.fused:
             from kvshare_kernels.fused_norm import rms_norm as fused_rms_norm
             from kvshare_kernels.fused_rotary import rotary_embedding
+            from kvshare_kernels.fused_silu import silu_and_mul
 
             self._fused_rms_norm, self._fused_rotary = fused_rms_norm, rotary_embedding
+            self._fused_silu_mul = silu_and_mul
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
@@ -60,11 +62,16 @@ class LlamaModel:
             attn = self._attention(q, kv.k[layer], kv.v[layer], batch)
             h = F.linear(attn.reshape(-1, self._q), lw.o_proj)
             x, residual = self._add_norm(h, residual, lw.post_norm)
-            gate, up = F.linear(x, lw.gate_up).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, lw.down)
+            h = F.linear(self._silu_mul(F.linear(x, lw.gate_up)), lw.down)
         h = (residual + h).index_select(0, batch.logits_indices)
         h = self._norm(h, w.final_norm)
         return F.linear(h, w.lm_head).float()
+
+    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.fused:   # one kernel, same rounding as the two torch ones
+            return self._fused_silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.fused:

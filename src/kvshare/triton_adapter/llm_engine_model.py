@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 from ..engine.engine import LLMEngine
 from ..engine.engine_config import EngineConfig
 from ..engine.engine_loop import EngineLoop, Submission
+from ..engine.gc_tuning import freeze_startup_heap
 from ..engine.outputs import InvalidRequest
 from .inputs import generation_request
 from .metrics import EngineMetrics
@@ -52,6 +53,7 @@ class LLMEngineModel:
         self.loop = EngineLoop(self.engine, on_tick=self._publish_metrics,
                                max_in_flight=config.max_queued_requests)
         self._ids = itertools.count()
+        freeze_startup_heap()
         log.info("kvshare engine ready: %d KV pages of %d tokens", self.engine.kv.num_pages, self.engine.kv.page_size)
 
     def _publish_metrics(self, engine: LLMEngine) -> None:

@@ -1,0 +1,139 @@
+"""Where a decode step's time goes on the GPU: engine step vs graph replay alone vs kernels.
+
+For batch 64 and then 256 (Llama-2-7B shape, fp16, random weights, 128-token prompts) it measures
+  - engine ms/step: LLMEngine.step() with CUDA graphs (what the offline benchmark sees),
+  - replay ms/step: the captured graph replayed back to back (GPU time, no host work between),
+  - per-kernel CUDA time of one eager forward of the same batch (torch.profiler), grouped.
+engine - replay is the host time the GPU waits for; the kernel table says which kernels to speed up.
+
+    PYTHONPATH=src python perf/gpu/profile_decode_gpu.py [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from kvshare.engine.engine import LLMEngine
+from kvshare.engine.engine_config import EngineConfig
+from kvshare.sampling_params import SamplingParams
+
+CATEGORIES = (  # first match wins; names of cuBLAS/cutlass GEMMs vary by version
+    ("attention", ("_decode_split", "_decode_merge", "_prefill_kernel")),
+    ("kv_write", ("_write_kv",)),
+    ("norm", ("_rms_norm",)),
+    ("rotary", ("_rotary",)),
+    ("gemm", ("gemm", "sm90", "cutlass", "xmma", "nvjet", "cublas")),
+    ("silu_mul", ("silu", "mul")),
+    ("argmax/copy", ("argmax", "reduce", "copy", "index", "cat", "fill")),
+)
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k.lower() in low for k in keys):
+            return cat
+    return "other"
+
+
+def add_requests(engine: LLMEngine, n: int, start: int, rng: random.Random) -> None:
+    params = SamplingParams(max_tokens=1024, ignore_eos=True)
+    vocab = engine.model_config.vocab_size
+    for i in range(start, start + n):
+        engine.add_request(f"r{i}", [rng.randrange(3, vocab) for _ in range(128)], params)
+
+
+def until_decode_only(engine: LLMEngine) -> None:
+    while engine.scheduler.num_waiting or any(
+            engine.scheduler.sequence(s).remaining > 1 for s in list(engine._by_seq)):
+        engine.step()
+
+
+def measure(engine: LLMEngine, batch: int, steps: int = 24) -> dict:
+    torch.cuda.synchronize()
+    for _ in range(4):
+        engine.step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    torch.cuda.synchronize()
+    engine_ms = 1e3 * (time.perf_counter() - t0) / steps
+
+    g = engine.runner.graphs
+    bs = g.batch_for(batch)
+    graph = g._graphs[bs][0]
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    replay_ms = start.elapsed_time(end) / steps
+
+    fb = g.buffers.forward_batch(bs, g.max_context)
+    model, kv = engine.runner.model, engine.kv
+    model.forward(fb, kv)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            model.forward(fb, kv)
+        torch.cuda.synchronize()
+    per_cat: dict[str, float] = defaultdict(float)
+    kernels = []
+    for e in prof.key_averages():
+        t = e.device_time_total / 3 / 1e3   # ms per forward
+        if t <= 0:
+            continue
+        per_cat[category(e.key)] += t
+        kernels.append((t, e.count // 3, e.key[:90]))
+    kernels.sort(reverse=True)
+    ctx = sum(engine.scheduler.sequence(s).num_computed for s in engine._by_seq) / max(1, len(engine._by_seq))
+    return {"batch": batch, "graph_batch": bs, "mean_context": round(ctx, 1), "engine_ms": round(engine_ms, 3),
+            "replay_ms": round(replay_ms, 3), "host_gap_ms": round(engine_ms - replay_ms, 3),
+            "eager_kernel_ms_by_category": {k: round(v, 3) for k, v in sorted(per_cat.items(), key=lambda x: -x[1])},
+            "eager_kernel_ms_total": round(sum(per_cat.values()), 3),
+            "top_kernels": [{"ms": round(t, 4), "calls": c, "name": n} for t, c, n in kernels[:25]]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="dummy:llama-2-7b")
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    cfg = EngineConfig(model=a.model, device="cuda", dtype=a.dtype, kv_cache_memory_gb=40, max_running=256,
+                       max_step_tokens=4096, max_prefill_chunk=2048)
+    engine = LLMEngine(cfg)
+    rng = random.Random(0)
+    results = []
+    add_requests(engine, 64, 0, rng)
+    until_decode_only(engine)
+    results.append(measure(engine, 64))
+    add_requests(engine, 192, 64, rng)
+    until_decode_only(engine)
+    results.append(measure(engine, 256))
+    for r in results:
+        print(f"\n== batch {r['batch']} (graph {r['graph_batch']}, mean context {r['mean_context']}): engine "
+              f"{r['engine_ms']} ms/step, replay {r['replay_ms']} ms, host gap {r['host_gap_ms']} ms; "
+              f"eager kernels {r['eager_kernel_ms_total']} ms")
+        for k, v in r["eager_kernel_ms_by_category"].items():
+            print(f"   {k:12s} {v:8.3f} ms")
+        for k in r["top_kernels"][:15]:
+            print(f"   {k['ms']:8.4f} ms x{k['calls']:4d}  {k['name']}")
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "profile_decode.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
