@@ -42,6 +42,7 @@ class Row:
     ttft_p95_ms: float | None
     peak_kv_pages: int | None
     prefix_hit_rate: float | None
+    peak_kv_gb: float | None = None     # peak pages x bytes per page (the KV memory the requests held)
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -64,10 +65,11 @@ def limit(trace: Trace, max_requests: int | None, output_tokens: int | None, voc
 
 
 def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label: str) -> Row:
+    concurrency = len(trace.requests) if args.open_loop else (trace.concurrency or 64)
     cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
-                       kv_cache_memory_gb=args.kv_gb, max_running=max(trace.concurrency or 64, 1),
+                       kv_cache_memory_gb=args.kv_gb, max_running=args.max_running or max(trace.concurrency or 64, 1),
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
-                       enable_prefix_caching=sharing)
+                       enable_prefix_caching=sharing, **({"admission": args.admission} if args.admission else {}))
     engine = LLMEngine(cfg, loaded=loaded)
     freeze_startup_heap()   # as the server does: no full GC walks over the weights' objects per step
     pending = list(trace.requests)
@@ -80,7 +82,7 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
     _sync(device)
     start = time.perf_counter()
     while pending or in_flight:
-        while pending and len(in_flight) < (trace.concurrency or 64):
+        while pending and len(in_flight) < concurrency:
             r = pending.pop(0)
             rid = str(r.request_id)
             engine.add_request(rid, list(r.prompt_ids), SamplingParams(max_tokens=r.max_new_tokens, temperature=0.0,
@@ -98,10 +100,11 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
     _sync(device)
     secs = time.perf_counter() - start
     pool = engine.stats().pool
+    page_bytes = engine.kv.page_size * loaded.config.kv_bytes_per_token * engine.kv.k[0].element_size() // 2
     del engine
     thaw()
     return Row(trace.name, label, len(trace.requests), out_tokens, secs, out_tokens / secs, _pct(ttft, 0.5),
-               _pct(ttft, 0.95), peak, pool.prefix_hit_rate)
+               _pct(ttft, 0.95), peak, pool.prefix_hit_rate, round(peak * page_bytes / 1e9, 2))
 
 
 def hf_model(loaded: LoadedModel, args):
@@ -173,19 +176,24 @@ def run_hf_generate_batch(model, trace: Trace, args) -> Row:
 
 def print_table(rows: list[Row]) -> None:
     head = f"{'workload':<16}{'system':<20}{'reqs':>5}{'out tok':>9}{'s':>8}{'tok/s':>9}{'TTFT p50':>10}{'p95 ms':>9}" \
-           f"{'peak pages':>11}{'hit':>6}{'vs hf-gen':>10}"
+           f"{'KV GB':>7}{'hit':>6}{'vs hf-gen':>10}{'vs gen_b':>9}{'vs no-sh':>9}"
     print(head)
     print("-" * len(head))
     base = {r.workload: r.tok_per_s for r in rows if r.system == "hf-generate"}
+    base_b = {r.workload: r.tok_per_s for r in rows if r.system == "hf-generate_batch"}
+    base_ns = {r.workload: r.tok_per_s for r in rows if r.system == "kvshare-no-sharing"}
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
     for r in rows:
-        ratio = r.tok_per_s / base[r.workload] if r.workload in base else None
+        def ratio(b):
+            return r.tok_per_s / b[r.workload] if r.workload in b else None
+
         print(f"{r.workload:<16}{r.system:<20}{r.requests:>5}{r.output_tokens:>9}{r.seconds:>8.1f}{r.tok_per_s:>9.1f}"
-              f"{f(r.ttft_p50_ms, '.0f'):>10}{f(r.ttft_p95_ms, '.0f'):>9}{f(r.peak_kv_pages, 'd'):>11}"
-              f"{f(r.prefix_hit_rate, '.2f'):>6}{f(ratio, '.2f'):>10}")
+              f"{f(r.ttft_p50_ms, '.0f'):>10}{f(r.ttft_p95_ms, '.0f'):>9}{f(r.peak_kv_gb, '.2f'):>7}"
+              f"{f(r.prefix_hit_rate, '.2f'):>6}{f(ratio(base), '.2f'):>10}{f(ratio(base_b), '.2f'):>9}"
+              f"{f(ratio(base_ns), '.2f'):>9}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-gb", type=float, default=None, help="KV pool size; default 40 on CUDA, 1 on CPU")
     ap.add_argument("--max-step-tokens", type=int, default=4096)
     ap.add_argument("--max-prefill-chunk", type=int, default=2048)
+    ap.add_argument("--max-running", type=int, default=None, help="engine batch limit; default the trace's concurrency")
+    ap.add_argument("--open-loop", action="store_true",
+                    help="submit every request at once (SGLang's --request-rate inf): the engine's queue and "
+                         "admission policy decide the order; TTFT then includes queueing")
+    ap.add_argument("--admission", default=None, help="engine admission policy (fcfs | cache_aware); default the engine's")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
