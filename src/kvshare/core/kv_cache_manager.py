@@ -95,6 +95,19 @@ class KVCacheManager:
         """Tokens the sequence could hold right now if it took every allocatable page."""
         return (len(self._seqs[seq_id].table) + self.pool.num_allocatable) * self.page_size
 
+    def page_keys(self, token_ids: Sequence[int], salt: bytes) -> tuple[bytes, ...]:
+        """Prefix-cache keys of the prompt pages admit() could hit (never the last token's page)."""
+        if not self.enable_prefix_caching:
+            return ()
+        return self.prefix.chain_keys(token_ids, salt, max_tokens=len(token_ids) - 1)
+
+    def probe_cached_tokens(self, page_keys: Sequence[bytes], salt: bytes) -> int:
+        """Prompt tokens in full pages cached right now, read-only: an ordering hint for admission.
+
+        Partial (copy-on-write) runs are left out: at most page_size - 1 tokens, not worth a scan.
+        """
+        return self.prefix.probe(page_keys, salt) * self.page_size
+
     def stats(self) -> PoolStats:
         pool = self.pool
         return PoolStats(

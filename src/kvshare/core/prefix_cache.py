@@ -130,6 +130,44 @@ class PrefixCache:
         partial, run = self._longest_child_run(node, want)
         return PrefixMatch(tuple(full), partial, run)
 
+    # -- read-only probing (admission order) ------------------------------------------------------
+
+    def chain_keys(self, token_ids: Sequence[int], salt: bytes, max_tokens: int) -> tuple[bytes, ...]:
+        """The keys match() would look up for the full pages of token_ids[:max_tokens], in order.
+
+        Pure (creates no root, takes no reference), so a waiting request can hash its prompt once
+        and probe() it every step for the price of a few dict lookups.
+        """
+        size = self.page_size
+        root = self._roots.get(salt)
+        node = PrefixNode(root.key if root is not None else self.hash_fn(b"kvshare-root\0" + salt))
+        keys: list[bytes] = []
+        for start in range(0, max_tokens - size + 1, size):
+            # page_key reads only the parent's key: one scratch node walks the chain, as match() would
+            node.key = self.page_key(node, salt, token_ids[start : start + size])
+            keys.append(node.key)
+        return tuple(keys)
+
+    def probe(self, keys: Sequence[bytes], salt: bytes) -> int:
+        """How many leading keys (from chain_keys) are cached now: no references, no recency, no root.
+
+        Dropping an entry drops its subtree, so the cached keys of one prompt are a prefix of its
+        chain and a binary search finds the boundary in O(log pages). Tokens are not compared: a
+        hash collision can only misjudge a request's place in the queue; admission (match())
+        verifies before anything is shared.
+        """
+        if salt not in self._roots:
+            return 0
+        lo, hi = 0, len(keys)  # keys[:lo] cached, keys[hi:] not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            entry = self._by_key.get(keys[mid - 1])
+            if entry is not None and entry.salt == salt:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def _verifies(self, entry: CachedPage, parent: PrefixNode, salt: bytes, tokens: tuple[int, ...]) -> bool:
         return entry.alive and entry.parent is parent and entry.salt == salt and entry.tokens == tokens
 

@@ -19,6 +19,7 @@ class EngineConfig:
     max_prefill_chunk: int = 512
     enable_prefix_caching: bool = True
     eviction: str = "lru"
+    admission: str = "cache_aware"        # | fcfs; cached prefixes first, so hot ones are reused, not evicted
     default_max_tokens: int = 128
     debug_checks: bool = False            # check the pool's integrity after every step
     cuda_graphs: bool = True              # CUDA only: replay captured graphs for decode-only steps

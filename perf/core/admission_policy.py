@@ -1,0 +1,148 @@
+"""Admission policy on the shared-prefix trace: fcfs vs cache_aware, pools below and above the working set.
+
+    python perf/core/admission_policy.py [--requests N] [--skips 4,16,32,64,256]
+
+Replays SGLang's generated-shared-prefix shape (perf/core/workload_traces.py "shared-prefix": 64
+groups x 16 requests, a 2048-token group prefix + a 128-token question, shuffled so the groups
+interleave) through the Scheduler with no model, as the H200 run drives the engine: closed loop, 64
+requests in flight, max_running 64, 4096-token steps, 2048-token prefill chunks, 128 output tokens
+(the trace's 256 cut to the GPU run's 128). Pools: 5,120 pages (40 GB of llama-2-7b fp16 KV at page
+16: the 64 prefixes, 8,192 pages, do not fit) and 12,800 (100 GB).
+
+hit = prompt tokens served from the cache at first admission / prompt tokens; prefill = tokens
+actually computed in prefill chunks (recomputation after preemption included); steps = engine steps
+(a proxy for time: each step is one forward); wait = steps from add() to first admission. The
+"off" rows (prefix caching disabled) are the no-sharing reference. A last table keeps 256 requests
+in flight (max_running still 64), as a loaded server does, so the policy has more to choose from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import time
+from dataclasses import dataclass
+
+from workload_traces import Trace, make_trace
+
+from kvshare.core import KVCacheManager, Scheduler, SeqState
+
+CONCURRENCY = 64
+DEEP = 256  # the deeper-queue rows: requests in flight beyond max_running
+OUTPUT_TOKENS = 128
+POOLS = (5_120, 12_800)
+PAGE_SIZE = 16
+
+
+@dataclass(frozen=True)
+class Result:
+    hit: float
+    evictions: int
+    prefill: int
+    steps: int
+    preemptions: int
+    max_wait: int
+    mean_wait: float
+
+
+def replay(trace: Trace, *, num_pages: int, policy: str, admission: str, sharing: bool = True,
+           max_admission_skips: int | None = None, in_flight_limit: int = CONCURRENCY, seed: int = 0) -> Result:
+    kv = KVCacheManager(num_pages, PAGE_SIZE, policy=policy, enable_prefix_caching=sharing, low_watermark=0.0)
+    extra = {} if max_admission_skips is None else {"max_admission_skips": max_admission_skips}
+    scheduler = Scheduler(kv, max_running=CONCURRENCY, max_step_tokens=4096, max_prefill_chunk=2048,
+                          admission=admission, **extra)
+    rng = random.Random(seed)
+    pending = list(reversed(trace.requests))
+    in_flight: set[int] = set()
+    added_at: dict[int, int] = {}  # seq id -> step of add(), until its first admission
+    waits: list[int] = []
+    cached = prefill = steps = 0
+    while pending or in_flight:
+        while pending and len(in_flight) < in_flight_limit:
+            request = pending.pop()
+            scheduler.add(request.request_id, request.prompt_ids, salt=request.salt,
+                          max_new_tokens=request.max_new_tokens)
+            in_flight.add(request.request_id)
+            added_at[request.request_id] = steps
+        plan = scheduler.schedule()
+        steps += 1
+        prefill += sum(c.num_tokens for c in plan.chunks if c.num_tokens > 1 or not c.samples)
+        for chunk in plan.chunks:
+            if chunk.seq_id in added_at and chunk.start == scheduler.num_cached_tokens(chunk.seq_id):
+                waits.append(steps - 1 - added_at.pop(chunk.seq_id))
+        scheduler.on_step_done({c.seq_id: rng.randrange(32_000) for c in plan.chunks if c.samples})
+        for seq_id in [s for s in in_flight if scheduler.sequence(s).state is SeqState.DONE]:
+            cached += scheduler.num_cached_tokens(seq_id)
+            in_flight.discard(seq_id)
+            scheduler.finish(seq_id)
+    stats = scheduler.stats()
+    assert stats.active == 0 and not added_at, f"leak: {stats}, never admitted: {sorted(added_at)[:8]}"
+    prompt = sum(len(r.prompt_ids) for r in trace.requests)
+    return Result(cached / prompt, stats.evictions_total, prefill, steps, stats.preemptions_total,
+                  max(waits), sum(waits) / len(waits))
+
+
+HEADER = (f"{'pages':>6} {'evic':<4} {'admission':<12} {'hit':>6} {'evictions':>9} {'prefill':>10} "
+          f"{'steps':>6} {'preempt':>7} {'max wait':>8} {'mean wait':>9}")
+
+
+def row(pages: int, policy: str, admission: str, r: Result) -> str:
+    return (f"{pages:>6} {policy:<4} {admission:<12} {r.hit:>6.1%} {r.evictions:>9} {r.prefill:>10} "
+            f"{r.steps:>6} {r.preemptions:>7} {r.max_wait:>8} {r.mean_wait:>9.1f}")
+
+
+def _ratio(a: int, b: int) -> str:
+    return f"{a / b:.2f}" if b else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=None, help="cut the trace (default: all 1024)")
+    parser.add_argument("--skips", default="", help="also sweep max_admission_skips at 256 in flight, e.g. 4,16,64")
+    args = parser.parse_args()
+    trace = make_trace("shared-prefix")
+    requests = tuple(dataclasses.replace(r, max_new_tokens=OUTPUT_TOKENS)
+                     for r in trace.requests[: args.requests or len(trace.requests)])
+    trace = dataclasses.replace(trace, requests=requests)
+    started = time.monotonic()
+    print(f"shared-prefix: {len(requests)} requests, {CONCURRENCY} in flight, {OUTPUT_TOKENS} output tokens, "
+          f"page {PAGE_SIZE}")
+    print(HEADER)
+    ratios = []
+    for pages in POOLS:
+        off = replay(trace, num_pages=pages, policy="lru", admission="fcfs", sharing=False)
+        print(row(pages, "-", "off", off))
+        for policy in ("lru", "lfu"):
+            fcfs = replay(trace, num_pages=pages, policy=policy, admission="fcfs")
+            aware = replay(trace, num_pages=pages, policy=policy, admission="cache_aware")
+            print(row(pages, policy, "fcfs", fcfs))
+            print(row(pages, policy, "cache_aware", aware))
+            ratios.append((pages, policy, fcfs, aware, off))
+    print("\ncache_aware / fcfs (lower is better but for hit); sharing = steps without sharing / steps")
+    print(f"{'pages':>6} {'evic':<4} {'hit':>13} {'evictions':>9} {'prefill':>8} {'steps':>6} {'max wait':>9} "
+          f"{'sharing fcfs':>12} {'sharing aware':>13}")
+    for pages, policy, fcfs, aware, off in ratios:
+        print(f"{pages:>6} {policy:<4} {fcfs.hit:>5.1%}->{aware.hit:>5.1%} "
+              f"{_ratio(aware.evictions, fcfs.evictions):>9} {aware.prefill / fcfs.prefill:>8.2f} "
+              f"{aware.steps / fcfs.steps:>6.2f} {aware.max_wait / max(fcfs.max_wait, 1):>9.2f} "
+              f"{off.steps / fcfs.steps:>11.2f}x {off.steps / aware.steps:>12.2f}x")
+    # A server queues past max_running (up to max_queued_requests): more to choose from.
+    print(f"\ndeeper queue: {DEEP} in flight, max_running still {CONCURRENCY}, lru")
+    print(HEADER)
+    for pages in POOLS:
+        for admission in ("fcfs", "cache_aware"):
+            r = replay(trace, num_pages=pages, policy="lru", admission=admission, in_flight_limit=DEEP)
+            print(row(pages, "lru", admission, r))
+    if args.skips:
+        print(f"\ncache_aware, lru, {DEEP} in flight: max_admission_skips sweep")
+        for pages in POOLS:
+            for skips in (int(s) for s in args.skips.split(",")):
+                r = replay(trace, num_pages=pages, policy="lru", admission="cache_aware", max_admission_skips=skips,
+                           in_flight_limit=DEEP)
+                print(row(pages, "lru", f"skips={skips}", r))
+    print(f"({time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
