@@ -64,6 +64,17 @@ def limit(trace: Trace, max_requests: int | None, output_tokens: int | None, voc
     return replace(trace, requests=reqs)
 
 
+def warm_up(engine: LLMEngine, trace: Trace, vocab: int) -> None:
+    """Runs the trace's first batch for 2 tokens, untimed, so Triton's JIT compiles the prefill shapes
+    now. The prompts are shifted by one token id: nothing of them is a cache hit for the real run."""
+    n = min(len(trace.requests), max(trace.concurrency or 1, 1), 64)
+    for i, r in enumerate(trace.requests[:n]):
+        engine.add_request(f"warm-{i}", [(t + 1) % vocab for t in r.prompt_ids],
+                           SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    while engine.has_work:
+        engine.step()
+
+
 def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label: str) -> Row:
     concurrency = len(trace.requests) if args.open_loop else (trace.concurrency or 64)
     cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
@@ -71,6 +82,7 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
                        enable_prefix_caching=sharing, **({"admission": args.admission} if args.admission else {}))
     engine = LLMEngine(cfg, loaded=loaded)
+    warm_up(engine, trace, loaded.config.vocab_size)
     freeze_startup_heap()   # as the server does: no full GC walks over the weights' objects per step
     pending = list(trace.requests)
     in_flight: set[str] = set()
@@ -165,13 +177,25 @@ def run_hf_generate_batch(model, trace: Trace, args) -> Row:
                            max_batch_tokens=args.max_step_tokens)
     _sync(device)
     start = time.perf_counter()
-    with torch.inference_mode():
+    # no_grad, not inference_mode: generate_batch's worker thread updates in place the tensors it
+    # creates here, which inference-mode tensors forbid outside inference mode (seen with 5.17).
+    with torch.no_grad():
         out = model.generate_batch(inputs=[list(r.prompt_ids) for r in trace.requests], generation_config=cfg,
                                    progress_bar=False)
     _sync(device)
     secs = time.perf_counter() - start
     tokens = sum(len(v.generated_tokens) for v in out.values())
     return Row(trace.name, "hf-generate_batch", len(trace.requests), tokens, secs, tokens / secs, None, None, None, None)
+
+
+def parse_workload(spec: str, max_requests: int | None, baselines: list[str]) -> tuple[str, int | None, list[str]]:
+    """'name[:max_requests[:baseline+baseline]]' -> (name, max_requests, baselines); omitted parts default."""
+    name, *rest = spec.split(":")
+    if rest and rest[0]:
+        max_requests = int(rest[0])
+    if len(rest) > 1:
+        baselines = [b for b in rest[1].split("+") if b]
+    return name, max_requests, baselines
 
 
 def print_table(rows: list[Row]) -> None:
@@ -188,7 +212,7 @@ def print_table(rows: list[Row]) -> None:
 
     for r in rows:
         def ratio(b):
-            return r.tok_per_s / b[r.workload] if r.workload in b else None
+            return r.tok_per_s / b[r.workload] if b.get(r.workload) else None
 
         print(f"{r.workload:<16}{r.system:<20}{r.requests:>5}{r.output_tokens:>9}{r.seconds:>8.1f}{r.tok_per_s:>9.1f}"
               f"{f(r.ttft_p50_ms, '.0f'):>10}{f(r.ttft_p95_ms, '.0f'):>9}{f(r.peak_kv_gb, '.2f'):>7}"
@@ -201,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help=".gguf, HF dir or dummy:<name>; default SmolLM2-135M")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, help="default: float16 on CUDA, float32 on CPU")
-    ap.add_argument("--workloads", default="seed-12x128,seed-hot10")
+    ap.add_argument("--workloads", default="seed-12x128,seed-hot10",
+                    help="comma-separated name[:max_requests[:baseline+baseline]], e.g. fixed-64:128:generate+generate_batch")
     ap.add_argument("--baselines", default="generate,no-sharing", help="any of generate,generate_batch,no-sharing")
     ap.add_argument("--max-requests", type=int, default=None, help="cut each trace to this many requests")
     ap.add_argument("--output-tokens", type=int, default=None, help="override every request's output length")
@@ -221,11 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         torch.backends.mkldnn.enabled = True
     loaded = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
-    baselines = [b for b in args.baselines.split(",") if b]
-    hf = hf_model(loaded, args) if {"generate", "generate_batch"} & set(baselines) else None
+    default_baselines = [b for b in args.baselines.split(",") if b]
+    specs = [parse_workload(w, args.max_requests, default_baselines) for w in args.workloads.split(",") if w]
+    hf = hf_model(loaded, args) if any({"generate", "generate_batch"} & set(b) for _, _, b in specs) else None
     rows: list[Row] = []
-    for name in [w for w in args.workloads.split(",") if w]:
-        trace = limit(make_trace(name), args.max_requests, args.output_tokens, loaded.config.vocab_size)
+    for name, max_requests, baselines in specs:
+        trace = limit(make_trace(name), max_requests, args.output_tokens, loaded.config.vocab_size)
         print(f"== {trace.name}: {len(trace.requests)} requests, concurrency {trace.concurrency}", flush=True)
         rows.append(run_kvshare(loaded, trace, args, sharing=True, label="kvshare"))
         if "no-sharing" in baselines:
@@ -238,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # its API moves between transformers releases: report, don't hide
                 print(f"   hf generate_batch failed: {type(exc).__name__}: {exc}", flush=True)
         print_table(rows)
+        if args.json:   # after every workload: a run cut short keeps what it measured
+            args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"\nmachine: {dev}; torch {torch.__version__}; model {loaded.source} {args.dtype}; page size {args.page_size}")
     if args.json:
