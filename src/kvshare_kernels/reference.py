@@ -182,3 +182,11 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torc
         return y
     out.copy_(y)
     return out
+
+
+def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                             context_lens: torch.Tensor, plan, scale: float, out: torch.Tensor | None = None, *,
+                             max_context: int | None = None, debug: bool | None = None) -> torch.Tensor:
+    """The cascade kernels' result: exactly paged decode attention (the plan only changes what is read when)."""
+    return paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out, max_context=max_context,
+                                  debug=debug)

@@ -10,7 +10,7 @@ schedule() fills a budget of max_step_tokens in three passes, oldest sequence fi
   1. decodes of running sequences (1 token each);
   2. the next chunk (<= max_prefill_chunk) of running sequences that are still prefilling;
   3. admission of waiting sequences while len(running) < max_running, in the order of the
-     admission policy: "fcfs" (arrival), or "cache_aware" (default: most prompt tokens already in
+     admission policy: "fcfs" (default: arrival), or "cache_aware" (most prompt tokens already in
      the prefix cache first, ties by arrival; see _admission_order for the starvation bound).
 A running sequence that needs a page when none is allocatable preempts the most recently
 admitted running sequence not yet scheduled in this step (possibly itself): its pages are
@@ -53,7 +53,7 @@ class Scheduler:
         max_step_tokens: int,
         max_prefill_chunk: int,
         debug_checks: bool = False,
-        admission: str = "cache_aware",
+        admission: str = "fcfs",
         max_admission_skips: int = DEFAULT_MAX_ADMISSION_SKIPS,
         admission_probe_limit: int = DEFAULT_ADMISSION_PROBE_LIMIT,
     ) -> None:

@@ -16,6 +16,7 @@ import torch
 from ..core.kv_cache_manager import KVCacheManager
 from ..core.scheduler import Scheduler
 from ..core.types import PoolStats
+from ..runtime.cascade_planner import CascadePolicy
 from ..runtime.cuda_graph_runner import graph_batch_sizes, kernel_debug
 from ..runtime.kv_cache import KVCache, pages_for_memory
 from ..runtime.llama import LlamaModel
@@ -65,8 +66,10 @@ class LLMEngine:
         model = LlamaModel(loaded.config, loaded.weights, device=self.device, dtype=dtype)
         self.eos_ids = frozenset(loaded.config.eos_token_ids)
         graph_sizes = graph_batch_sizes(config.max_running) if config.cuda_graphs and not kernel_debug() else ()
+        # The cascade path only pays on the GPU (fewer KV bytes read); the CPU keeps one code path.
+        cascade = CascadePolicy() if config.cascade_attention and self.device.type == "cuda" else None
         self.runner = ModelRunner(model, self.kv, Sampler(loaded.config.eos_token_ids, seed=config.seed), self.device,
-                                  max_model_len=self.max_model_len, graph_batch_sizes=graph_sizes)
+                                  max_model_len=self.max_model_len, graph_batch_sizes=graph_sizes, cascade=cascade)
         self._seq_ids = itertools.count()
         self._by_request: dict[str, RequestState] = {}
         self._by_seq: dict[int, RequestState] = {}

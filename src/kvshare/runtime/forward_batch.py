@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from kvshare_kernels.cascade_decode import CascadePlan
 
 
 @dataclass(frozen=True)
@@ -18,6 +22,7 @@ class ForwardBatch:
     decode_only: bool              # every chunk is one token: the decode kernel applies
     max_query_len: int
     max_context: int
+    cascade: "CascadePlan | None" = None   # decode only: rows sharing prefix pages read them once per group
 
     @property
     def num_tokens(self) -> int:
@@ -25,7 +30,8 @@ class ForwardBatch:
 
 
 def build_forward_batch(chunks: list[tuple[list[int], int, list[int], bool]], page_size: int,
-                        device: torch.device, *, decode_max_context: int | None = None) -> ForwardBatch:
+                        device: torch.device, *, decode_max_context: int | None = None,
+                        cascade: "CascadePlan | None" = None) -> ForwardBatch:
     """chunks: (token ids to compute, start position, the sequence's page table, wants logits).
 
     decode_max_context: for a decode-only batch, the bound handed to the decode kernel's split-K
@@ -66,4 +72,5 @@ def build_forward_batch(chunks: list[tuple[list[int], int, list[int], bool]], pa
         decode_only=decode_only,
         max_query_len=max((len(t) for t, _, _, _ in chunks), default=0),
         max_context=max_context,
+        cascade=cascade if decode_only else None,
     )

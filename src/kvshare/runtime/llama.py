@@ -98,6 +98,9 @@ class LlamaModel:
         return self.rope(positions, q, k)
 
     def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, b: ForwardBatch) -> torch.Tensor:
+        if b.cascade is not None:
+            return self.ops.cascade_decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, b.cascade,
+                                                     self.scale, max_context=b.max_context)
         if b.decode_only:
             return self.ops.paged_decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, self.scale,
                                                    max_context=b.max_context)

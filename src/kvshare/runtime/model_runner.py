@@ -2,6 +2,8 @@
 
 Decode-only steps replay a CUDA graph when one is captured (CudaGraphRunner); prefill and mixed
 steps, and every step on the CPU, run the forward eagerly from a ForwardBatch built on the host.
+A decode step whose rows share many prefix pages runs eagerly with cascade attention instead
+(cascade_planner: the shared pages are read once per group).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from .cascade_planner import CascadePolicy, plan_shared_prefixes
 from .cuda_graph_runner import CudaGraphRunner
 from .forward_batch import build_forward_batch
 from .kv_cache import KVCache
@@ -27,8 +30,12 @@ class ChunkInput:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, sampler: Sampler, device: torch.device, *,
-                 max_model_len: int | None = None, graph_batch_sizes: Sequence[int] = ()):
+                 max_model_len: int | None = None, graph_batch_sizes: Sequence[int] = (),
+                 cascade: CascadePolicy | None = None):
         self.model, self.kv, self.sampler, self.device = model, kv, sampler, device
+        self.cascade = cascade        # None: every decode reads each row's pages itself
+        k0 = kv.k[0]
+        self._kv_bytes_per_token = 2 * len(kv.k) * k0[0, 0].numel() * k0.element_size()
         # Decode steps size the kernel's split-K from this bound (graphs must fix it at capture); eager
         # decodes on CUDA use it too, so graphs on and off run the same kernels.
         self.decode_context = max_model_len or model.config.max_position
@@ -47,13 +54,17 @@ class ModelRunner:
     def execute(self, chunks: Sequence[ChunkInput]) -> list[int]:
         """Returns one sampled token per chunk that has ``sampling``, in chunk order."""
         rows = [c.sampling for c in chunks if c.sampling is not None]
-        if self._graph_fits(chunks, len(rows)):
+        plan = None
+        if self.cascade is not None and all(len(c.token_ids) == 1 for c in chunks):
+            plan = plan_shared_prefixes([(c.page_table, c.start + 1) for c in chunks], self.kv.page_size,
+                                        self.device, self.cascade, self._kv_bytes_per_token)
+        if plan is None and self._graph_fits(chunks, len(rows)):
             logits, greedy = self.graphs.run([(c.token_ids[0], c.start, c.page_table) for c in chunks])
             return self.sampler(logits, rows, greedy_ids=greedy)
         decode_bound = self.decode_context if self.device.type == "cuda" else None
         batch = build_forward_batch(
             [(list(c.token_ids), c.start, list(c.page_table), c.sampling is not None) for c in chunks],
-            self.kv.page_size, self.device, decode_max_context=decode_bound)
+            self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan)
         logits = self.model.forward(batch, self.kv)
         return self.sampler(logits, rows) if rows else []
 
