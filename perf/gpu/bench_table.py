@@ -42,7 +42,7 @@ def table(rows: list[dict]) -> str:
         ttft = "" if r["ttft_p50_ms"] is None else f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p95_ms']:,.0f}"
         kv = "" if r.get("peak_kv_gb") is None else f"{r['peak_kv_gb']:.1f}"
         hit = "" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.0%}"
-        kvs = r["system"].startswith("kvshare")
+        kvs = r["system"] in ("kvshare", "kvshare-no-sharing")   # a bf16 row has no same-dtype baseline
         lines.append(f"| {r['workload']} | {r['system']} | {r['tok_per_s']:,.0f} | {ttft} | {kv} | {hit} | "
                      f"{ratio(r, 'hf-generate') if kvs else ''} | {ratio(r, 'hf-generate_batch') if kvs else ''} | "
                      f"{ratio(r, 'kvshare-no-sharing') if r['system'] == 'kvshare' else ''} | {ceil} |")
