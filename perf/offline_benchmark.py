@@ -83,7 +83,8 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
     cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
                        kv_cache_memory_gb=args.kv_gb, max_running=args.max_running or max(trace.concurrency or 64, 1),
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
-                       enable_prefix_caching=sharing, **({"admission": args.admission} if args.admission else {}))
+                       enable_prefix_caching=sharing, overlap_schedule=args.overlap,
+                       **({"admission": args.admission} if args.admission else {}))
     engine = LLMEngine(cfg, loaded=loaded)
     warm_up(engine, trace, loaded.config.vocab_size)
     freeze_startup_heap()   # as the server does: no full GC walks over the weights' objects per step
@@ -242,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="submit every request at once (SGLang's --request-rate inf): the engine's queue and "
                          "admission policy decide the order; TTFT then includes queueing")
     ap.add_argument("--admission", default=None, help="engine admission policy (fcfs | cache_aware); default the engine's")
+    ap.add_argument("--overlap", action="store_true",
+                    help="overlap scheduling: schedule step N+1 while step N runs (EngineConfig.overlap_schedule)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")

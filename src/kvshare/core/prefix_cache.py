@@ -292,6 +292,8 @@ class PrefixCache:
                     assert entry.alive, f"{entry!r} is linked but dead"
                     assert entry.parent is node, f"{entry!r} is linked under a node that is not its parent"
                     assert entry.tokens[0] == first, f"{entry!r} filed under first token {first}"
+                    # a placeholder of overlap scheduling (negative) must never be cached as content
+                    assert min(entry.tokens) >= 0, f"{entry!r} holds a token id that is not known yet"
                     assert self._by_page.get(entry.page) is entry, f"{entry!r} missing from the page index"
                     size_ok = len(entry.tokens) == self.page_size if entry.is_full else len(entry.tokens) < self.page_size
                     assert size_ok, f"{entry!r} has a wrong token count for page_size {self.page_size}"

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence as SequenceOf
 from dataclasses import dataclass, field
 
 from kvshare.core.kv_cache_manager import KVCacheManager
-from kvshare.core.sequence import Sequence, SeqState
+from kvshare.core.sequence import PENDING_TOKEN, Sequence, SeqState
 from kvshare.core.types import PageCopy, PoolStats, ScheduledChunk, StepPlan
 
 ADMISSION_POLICIES: tuple[str, ...] = ("cache_aware", "fcfs")
@@ -81,6 +81,10 @@ class Scheduler:
         self._running: OrderedDict[int, Sequence] = OrderedDict()  # in admission order
         self._rejected: list[tuple[int, str]] = []
         self._inflight: tuple[ScheduledChunk, ...] | None = None
+        # Overlap scheduling: steps advanced (on the GPU) whose sampled tokens are not resolved yet,
+        # oldest first, and sequences that reached max_new_tokens there (pages kept until resolved).
+        self._unresolved: deque[_AdvancedStep] = deque()
+        self._done_pending: dict[int, Sequence] = {}
         # cache_aware only: one record per never-admitted waiting sequence (preempted ones need none)
         self._fresh: dict[int, _FreshInfo] = {}
         # cache_aware only: page keys that running prefills are computing now (key -> how many)
@@ -124,6 +128,7 @@ class Scheduler:
         if seq is not None:
             self._waiting.pop(seq_id, None)
             self._running.pop(seq_id, None)
+            self._done_pending.pop(seq_id, None)
             self._fresh.pop(seq_id, None)
             self._stop_computing(seq_id)
             self.kv.free(seq_id, seq.token_ids)
@@ -193,6 +198,8 @@ class Scheduler:
                 return  # nobody overtakes the head of the queue
 
     def _admit(self, seq: Sequence, step: _StepBuilder) -> bool:
+        if seq.num_pending:
+            return False  # preempted with a token still on the device: resolve() runs before the next step
         admission = self.kv.admit(
             seq.seq_id, seq.token_ids, seq.salt,
             token_budget=min(step.budget, self.max_prefill_chunk), reserve_pages=len(self._running),
@@ -289,6 +296,8 @@ class Scheduler:
         Sequences finished since schedule() are skipped; one that reaches max_new_tokens releases
         its pages here (state DONE) and is forgotten at finish().
         """
+        if self._unresolved:
+            raise RuntimeError("on_step_done() with advanced steps unresolved: resolve() them first")
         chunks, self._inflight = self._inflight or (), None
         live = [chunk for chunk in chunks if chunk.seq_id in self._running]
         missing = [c.seq_id for c in live if c.samples and c.seq_id not in sampled]
@@ -308,6 +317,75 @@ class Scheduler:
                 self.kv.free(seq.seq_id, seq.token_ids)
                 seq.state = SeqState.DONE
         self.kv.release_pins()
+        self._debug_check()
+
+    def advance(self) -> None:
+        """Overlap scheduling: the plan from schedule() is running on the device; account for it now.
+
+        Like on_step_done, but before the sampled tokens are known: each sampling chunk appends a
+        PENDING_TOKEN (so the next schedule() can already plan that sequence's decode at the right
+        position). Only pages of known tokens are committed to the prefix cache: prefill chunks
+        here, decodes whose input was still pending in resolve().
+        A sequence that reaches max_new_tokens leaves the running set here but keeps its pages
+        until resolve() learns its last tokens. Copy sources are unpinned at once: later steps
+        run after this one on the same stream.
+        """
+        chunks, self._inflight = self._inflight or (), None
+        sampling: list[tuple[int, int]] = []
+        for chunk in chunks:
+            seq = self._running.get(chunk.seq_id)
+            if seq is None:
+                continue
+            seq.num_computed += chunk.num_tokens
+            if chunk.samples:
+                sampling.append((seq.seq_id, len(seq.token_ids)))
+                seq.token_ids.append(PENDING_TOKEN)
+                seq.num_pending += 1
+            if seq.num_computed <= seq.num_known:
+                # prefill chunks: their tokens are known, so their pages can be shared from the very
+                # next schedule(), as with on_step_done (decodes wait for their input in resolve())
+                self.kv.commit(seq.seq_id, seq.token_ids, seq.num_computed)
+                if seq.num_computed >= seq.num_prompt_tokens:
+                    self._stop_computing(seq.seq_id)
+            if seq.reached_max_tokens:
+                del self._running[seq.seq_id]
+                self._stop_computing(seq.seq_id)
+                seq.state = SeqState.DONE
+                self._done_pending[seq.seq_id] = seq
+        self._unresolved.append(_AdvancedStep(tuple(c.seq_id for c in chunks), tuple(sampling)))
+        self.kv.release_pins()
+        self._debug_check()
+
+    def resolve(self, sampled: Mapping[int, int]) -> None:
+        """The oldest advanced step's tokens arrived: fill them in, commit, release finished sequences.
+
+        Sequences finished (or cancelled) since advance() are skipped, as in on_step_done.
+        """
+        if not self._unresolved:
+            raise RuntimeError("resolve() without an advanced step")
+        step = self._unresolved[0]
+        missing = [s for s, _ in step.sampling if s in self._seqs and s not in sampled]
+        if missing:
+            raise ValueError(f"resolve: no sampled token for sequences {missing}")
+        self._unresolved.popleft()
+        for seq_id, index in step.sampling:
+            seq = self._seqs.get(seq_id)
+            if seq is None:
+                continue
+            seq.token_ids[index] = int(sampled[seq_id])
+            seq.num_pending -= 1
+        for seq_id in step.seq_ids:
+            seq = self._seqs.get(seq_id)
+            if seq is None or not self.kv.has(seq_id):
+                continue                    # finished, or preempted since (its pages are gone)
+            if seq.num_computed <= seq.num_known:
+                # every token whose KV is (being) computed is known: register the full pages
+                self.kv.commit(seq_id, seq.token_ids, seq.num_computed)
+            if seq.num_computed >= seq.num_prompt_tokens:
+                self._stop_computing(seq_id)
+            if seq_id in self._done_pending and seq.num_pending == 0:
+                del self._done_pending[seq_id]
+                self.kv.free(seq_id, seq.token_ids)
         self._debug_check()
 
     # -- queries -------------------------------------------------------------------------------
@@ -337,6 +415,11 @@ class Scheduler:
     @property
     def has_inflight(self) -> bool:
         return self._inflight is not None
+
+    @property
+    def num_unresolved(self) -> int:
+        """Advanced steps whose tokens resolve() has not seen yet (overlap scheduling)."""
+        return len(self._unresolved)
 
     def stats(self) -> PoolStats:
         return dataclasses.replace(self.kv.stats(), preemptions_total=self.preemptions_total)
@@ -397,11 +480,24 @@ class Scheduler:
             assert computing == self._computing, "the computing-keys index is out of date"
         else:
             assert not (self._fresh or self._prefill_keys or self._computing), "fcfs keeps no admission records"
+        for seq_id, seq in self._done_pending.items():
+            assert seq.state is SeqState.DONE and seq.num_pending > 0, f"done seq {seq_id} kept without pending tokens"
+        for seq in self._seqs.values():
+            pending = [i for i, t in enumerate(seq.token_ids) if t == PENDING_TOKEN]
+            assert pending == list(range(seq.num_known, len(seq.token_ids))), (
+                f"seq {seq.seq_id}: pending tokens at {pending}, expected the last {seq.num_pending}")
         holders = self.kv.num_sequences
-        assert holders == len(self._running), f"{holders} sequences hold pages, {len(self._running)} running"
-        if not self._running and self._inflight is None:
+        assert holders == len(self._running) + len(self._done_pending), (
+            f"{holders} sequences hold pages, {len(self._running)} running + {len(self._done_pending)} done-pending")
+        if not self._running and self._inflight is None and not self._unresolved:
             active = self.kv.pool.num_active
             assert active == 0, f"nothing running or in flight but {active} pages active (leak)"
+
+
+@dataclass(frozen=True)
+class _AdvancedStep:
+    seq_ids: tuple[int, ...]                # every chunk's sequence: commit after resolution
+    sampling: tuple[tuple[int, int], ...]   # (seq id, index of its PENDING_TOKEN)
 
 
 @dataclass

@@ -6,6 +6,11 @@ import enum
 from dataclasses import dataclass
 
 
+# A sampled token whose value is still on the device (overlap scheduling: Scheduler.advance put it
+# there, Scheduler.resolve replaces it). Never a vocabulary id.
+PENDING_TOKEN = -1
+
+
 class SeqState(enum.Enum):
     WAITING = "waiting"  # no pages: new, or preempted (its tokens are recomputed on readmission)
     RUNNING = "running"  # holds pages: prefilling (remaining > 1) or decoding (remaining == 1)
@@ -23,10 +28,16 @@ class Sequence:
     num_computed: int = 0  # leading tokens whose KV is in this sequence's pages
     num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache at first admission
     num_preemptions: int = 0
+    num_pending: int = 0  # trailing token_ids still PENDING_TOKEN (overlap scheduling)
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_known(self) -> int:
+        """Leading token ids whose values are known on the host."""
+        return len(self.token_ids) - self.num_pending
 
     @property
     def num_generated(self) -> int:

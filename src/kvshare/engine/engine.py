@@ -20,7 +20,7 @@ from ..runtime.cascade_planner import CascadePolicy
 from ..runtime.cuda_graph_runner import graph_batch_sizes, kernel_debug
 from ..runtime.kv_cache import KVCache, pages_for_memory
 from ..runtime.llama import LlamaModel
-from ..runtime.model_runner import ChunkInput, ModelRunner
+from ..runtime.model_runner import ChunkInput, LaunchedStep, ModelRunner, future_ref
 from ..runtime.sampler import Sampler, SamplingRow
 from ..runtime.weights import LoadedModel, load_model
 from ..sampling_params import SamplingParams
@@ -32,6 +32,13 @@ from .request_state import RequestState
 log = logging.getLogger("kvshare.engine")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class _PendingStep:
+    seq_ids: tuple[int, ...]          # sampling rows in order
+    rows: dict[int, int]              # seq id -> row of its id in the launched step
+    launched: LaunchedStep
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,9 @@ class LLMEngine:
         # The cascade path only pays on the GPU (fewer KV bytes read); the CPU keeps one code path.
         cascade = CascadePolicy() if config.cascade_attention and self.device.type == "cuda" else None
         self.runner = ModelRunner(model, self.kv, Sampler(loaded.config.eos_token_ids, seed=config.seed), self.device,
-                                  max_model_len=self.max_model_len, graph_batch_sizes=graph_sizes, cascade=cascade)
+                                  max_model_len=self.max_model_len, graph_batch_sizes=graph_sizes, cascade=cascade,
+                                  max_rows=config.max_running, overlap=config.overlap_schedule)
+        self._pending: _PendingStep | None = None    # overlap scheduling: the launched, unresolved step
         self._seq_ids = itertools.count()
         self._by_request: dict[str, RequestState] = {}
         self._by_seq: dict[int, RequestState] = {}
@@ -131,39 +140,81 @@ class LLMEngine:
     def abort_all(self, reason: str, error: str | None = None) -> list[RequestOutput]:
         """Ends every request (shutdown, or a step that raised: its half-done plan is dropped too)."""
         outputs = [self._finish(s, (), "", reason, error) for s in list(self._by_request.values())]
+        self._pending = None
+        while self.scheduler.num_unresolved:
+            self.scheduler.resolve({})        # every sequence is finished: nothing to fill in
         if self.scheduler.has_inflight:
             self.scheduler.on_step_done({})   # every sequence of the plan is finished: nothing commits
         return outputs
 
     @property
     def has_work(self) -> bool:
-        return bool(self._by_request)
+        return bool(self._by_request) or self._pending is not None
 
     def request_ids(self) -> list[str]:
         return list(self._by_request)
 
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One forward step. With overlap scheduling the outputs are those of the previous step,
+        whose ids were copied to the host while this one was being scheduled and launched."""
         plan = self.scheduler.schedule()
         outputs = [self._finish(self._by_seq[sid], (), "", "error", msg) for sid, msg in plan.rejected]
         if not plan.chunks:
-            return outputs
+            return outputs + self._resolve_pending()
+        overlap = self.config.overlap_schedule and self._overlap_eligible(plan)
+        if not overlap:
+            outputs += self._resolve_pending()   # this step needs every token on the host
         self.runner.copy_pages([(c.src, c.dst) for c in plan.copies])
+        pending_rows = self._pending.rows if self._pending is not None else {}
         inputs = []
         for chunk in plan.chunks:
             state = self._by_seq[chunk.seq_id]
             sampling = None
             if chunk.samples:
                 sampling = SamplingRow(state.params, state.generator, state.prompt_ids, state.output_ids)
-            inputs.append(ChunkInput(state.token_slice(chunk.start, chunk.num_tokens), chunk.start,
-                                     self.scheduler.page_table(chunk.seq_id), sampling))
+            if chunk.start >= len(state.prompt_ids) + len(state.output_ids):
+                ids = (future_ref(pending_rows[chunk.seq_id]),)   # sampled by the step still on the device
+            else:
+                ids = state.token_slice(chunk.start, chunk.num_tokens)
+            inputs.append(ChunkInput(ids, chunk.start, self.scheduler.page_table(chunk.seq_id), sampling))
+        sampling_ids = [c.seq_id for c in plan.chunks if c.samples]
+        if overlap:
+            launched = self.runner.launch_greedy(inputs)
+            self.scheduler.advance()
+            outputs += self._resolve_pending()
+            self._pending = _PendingStep(tuple(sampling_ids), {s: i for i, s in enumerate(sampling_ids)}, launched)
+            return outputs
         tokens = self.runner.execute(inputs)
-        sampling_chunks = [c for c in plan.chunks if c.samples]
-        sampled = {c.seq_id: t for c, t in zip(sampling_chunks, tokens)}
+        sampled = dict(zip(sampling_ids, tokens))
         self.scheduler.on_step_done(sampled)
         now = time.monotonic()
         for seq_id, token in sampled.items():
             outputs.append(self._on_token(self._by_seq[seq_id], token, now))
+        return outputs
+
+    def _overlap_eligible(self, plan) -> bool:
+        """Rows whose sampling needs the previous token on the host (penalties, min_tokens, random
+        draws) run synchronously; greedy rows only need the argmax, which stays on the device."""
+        for chunk in plan.chunks:
+            if chunk.samples:
+                p = self._by_seq[chunk.seq_id].params
+                if not p.greedy or p.has_penalties or p.min_tokens:
+                    return False
+        return True
+
+    def _resolve_pending(self) -> list[RequestOutput]:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []
+        sampled = dict(zip(pending.seq_ids, pending.launched.tokens()))
+        self.scheduler.resolve(sampled)
+        now = time.monotonic()
+        outputs = []
+        for seq_id, token in sampled.items():
+            state = self._by_seq.get(seq_id)
+            if state is not None:          # else finished or cancelled meanwhile: the token is dropped
+                outputs.append(self._on_token(state, token, now))
         return outputs
 
     def _on_token(self, state: RequestState, token: int, now: float) -> RequestOutput:

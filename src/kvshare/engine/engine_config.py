@@ -26,6 +26,9 @@ class EngineConfig:
     debug_checks: bool = False            # check the pool's integrity after every step
     cuda_graphs: bool = True              # CUDA only: replay captured graphs for decode-only steps
     cascade_attention: bool = True        # CUDA only: decode rows sharing prefix pages read them once per group
+    # Schedule and post-process step N+1 while step N runs (greedy steps without penalties); the
+    # host work between steps leaves the GPU's critical path. Off until measured on the GPU.
+    overlap_schedule: bool = False
     seed: int = 0
 
     @classmethod

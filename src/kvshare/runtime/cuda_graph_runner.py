@@ -13,6 +13,7 @@ request's own context, so any split count is exact; it only changes speed).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import time
 from typing import Sequence
@@ -43,6 +44,13 @@ def kernel_debug() -> bool:
     return debug_enabled(None)
 
 
+def resolve_future_ids(input_ids: torch.Tensor, future_ids: torch.Tensor) -> torch.Tensor:
+    """Overlap scheduling: an input id -1 - r stands for future_ids[r] (the previous step's sampled id,
+    still on the device); other ids pass through. No host sync, so it also runs inside a graph."""
+    rows = (-1 - input_ids).clamp_(min=0)
+    return torch.where(input_ids < 0, future_ids.index_select(0, rows.long()), input_ids.long())
+
+
 def pick_batch_size(sizes: Sequence[int], n: int) -> int | None:
     """The smallest captured batch that holds n rows, or None (run eagerly)."""
     i = bisect.bisect_left(sizes, n)
@@ -51,8 +59,9 @@ def pick_batch_size(sizes: Sequence[int], n: int) -> int | None:
 
 class CudaGraphRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, batch_sizes: Sequence[int], max_context: int,
-                 device: torch.device):
+                 device: torch.device, future_ids: torch.Tensor | None = None):
         self.model, self.kv, self.max_context = model, kv, max_context
+        self.future_ids = future_ids      # read by the graphs for future_ref inputs (overlap scheduling)
         self.sizes = tuple(sorted(batch_sizes))
         pages_per_seq = -(-max_context // kv.page_size)
         self.buffers = DecodeInputBuffers(self.sizes[-1], pages_per_seq, kv.page_size, device)
@@ -60,7 +69,10 @@ class CudaGraphRunner:
         self.capture_seconds = 0.0
 
     def _forward(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model.forward(self.buffers.forward_batch(batch_size, self.max_context), self.kv)
+        batch = self.buffers.forward_batch(batch_size, self.max_context)
+        if self.future_ids is not None:
+            batch = dataclasses.replace(batch, input_ids=resolve_future_ids(batch.input_ids, self.future_ids))
+        logits = self.model.forward(batch, self.kv)
         return logits, logits.argmax(dim=-1)
 
     @torch.inference_mode()

@@ -7,13 +7,13 @@ A decode step whose rows share many prefix pages runs eagerly with cascade atten
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
 from .cascade_planner import CascadePolicy, plan_shared_prefixes
-from .cuda_graph_runner import CudaGraphRunner
+from .cuda_graph_runner import CudaGraphRunner, resolve_future_ids
 from .forward_batch import build_forward_batch
 from .kv_cache import KVCache
 from .llama import LlamaModel
@@ -21,8 +21,27 @@ from .sampler import Sampler, SamplingRow
 
 
 @dataclass(frozen=True)
+class LaunchedStep:
+    """A step's greedy ids on their way to the host (overlap scheduling): tokens() waits for them."""
+    num_rows: int
+    host_ids: torch.Tensor                # a pinned int64 slot the device copies the ids into
+    event: torch.cuda.Event | None        # recorded after that copy (None on the CPU: already done)
+
+    def tokens(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host_ids[:self.num_rows].tolist()
+
+
+def future_ref(row: int) -> int:
+    """The token id to pass for "the id the previous launched step sampled in row ``row``"."""
+    return -1 - row
+
+
+@dataclass(frozen=True)
 class ChunkInput:
-    token_ids: Sequence[int]           # tokens whose KV this step computes
+    token_ids: Sequence[int]           # tokens whose KV this step computes; future_ref(r) < 0 for a
+                                       # decode input still on the device (the previous launch's row r)
     start: int                         # position of token_ids[0]
     page_table: Sequence[int]          # the sequence's physical pages, in order
     sampling: SamplingRow | None       # set when a next token is wanted after this chunk
@@ -31,8 +50,16 @@ class ChunkInput:
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, sampler: Sampler, device: torch.device, *,
                  max_model_len: int | None = None, graph_batch_sizes: Sequence[int] = (),
-                 cascade: CascadePolicy | None = None):
+                 cascade: CascadePolicy | None = None, max_rows: int = 256, overlap: bool = False):
         self.model, self.kv, self.sampler, self.device = model, kv, sampler, device
+        # Overlap scheduling: the last launched step's ids stay here on the device, where the next
+        # step's future_ref inputs are gathered from (inside the decode graph too); host copies
+        # go to two pinned slots in turn (a step's slot is read before it is reused two steps on).
+        self.last_ids = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        pin = device.type == "cuda"
+        self._host_slots = [torch.zeros(max_rows, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
+        self._slot = 0
         self.cascade = cascade        # None: every decode reads each row's pages itself
         k0 = kv.k[0]
         self._kv_bytes_per_token = 2 * len(kv.k) * k0[0, 0].numel() * k0.element_size()
@@ -41,7 +68,8 @@ class ModelRunner:
         self.decode_context = max_model_len or model.config.max_position
         self.graphs: CudaGraphRunner | None = None
         if device.type == "cuda" and graph_batch_sizes:
-            self.graphs = CudaGraphRunner(model, kv, graph_batch_sizes, self.decode_context, device)
+            self.graphs = CudaGraphRunner(model, kv, graph_batch_sizes, self.decode_context, device,
+                                          future_ids=self.last_ids if overlap else None)
             self.graphs.capture()
 
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
@@ -54,19 +82,44 @@ class ModelRunner:
     def execute(self, chunks: Sequence[ChunkInput]) -> list[int]:
         """Returns one sampled token per chunk that has ``sampling``, in chunk order."""
         rows = [c.sampling for c in chunks if c.sampling is not None]
+        logits, greedy = self._forward(chunks, len(rows))
+        if not rows:
+            return []
+        return self.sampler(logits, rows, greedy_ids=greedy)
+
+    def launch_greedy(self, chunks: Sequence[ChunkInput]) -> LaunchedStep:
+        """Overlap scheduling: run the step and take the argmax of every sampling row without waiting.
+
+        The ids stay on the device for the next step's future_ref inputs and travel to a pinned
+        host slot behind the step; LaunchedStep.tokens() waits for them. For steps whose rows are
+        all greedy with no penalties (the engine decides).
+        """
+        n = sum(1 for c in chunks if c.sampling is not None)
+        logits, greedy = self._forward(chunks, n)
+        ids = greedy if greedy is not None else logits.argmax(dim=-1)
+        self.last_ids[:n].copy_(ids, non_blocking=True)
+        slot, event = self._host_slots[self._slot], self._events[self._slot]
+        self._slot ^= 1
+        slot[:n].copy_(ids, non_blocking=True)
+        if event is not None:
+            event.record()
+        return LaunchedStep(n, slot, event)
+
+    def _forward(self, chunks: Sequence[ChunkInput], num_sampling: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """fp32 logits of the sampling rows, and their argmax when a decode graph computed it."""
         plan = None
         if self.cascade is not None and all(len(c.token_ids) == 1 for c in chunks):
             plan = plan_shared_prefixes([(c.page_table, c.start + 1) for c in chunks], self.kv.page_size,
                                         self.device, self.cascade, self._kv_bytes_per_token)
-        if plan is None and self._graph_fits(chunks, len(rows)):
-            logits, greedy = self.graphs.run([(c.token_ids[0], c.start, c.page_table) for c in chunks])
-            return self.sampler(logits, rows, greedy_ids=greedy)
+        if plan is None and self._graph_fits(chunks, num_sampling):
+            return self.graphs.run([(c.token_ids[0], c.start, c.page_table) for c in chunks])
         decode_bound = self.decode_context if self.device.type == "cuda" else None
         batch = build_forward_batch(
             [(list(c.token_ids), c.start, list(c.page_table), c.sampling is not None) for c in chunks],
             self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan)
-        logits = self.model.forward(batch, self.kv)
-        return self.sampler(logits, rows) if rows else []
+        if any(len(c.token_ids) == 1 and c.token_ids[0] < 0 for c in chunks):
+            batch = replace(batch, input_ids=resolve_future_ids(batch.input_ids, self.last_ids))
+        return self.model.forward(batch, self.kv), None
 
     def _graph_fits(self, chunks: Sequence[ChunkInput], num_sampling: int) -> bool:
         g = self.graphs
