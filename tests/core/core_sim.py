@@ -24,6 +24,7 @@ class ShadowRunner:
         self.fingerprints: dict[int, list[bytes]] = {}
         self.salts: dict[int, bytes] = {}
         self.pending: dict[int, int] | None = None
+        self.launched: list[dict[int, int]] = []   # overlap scheduling: advanced steps' samples, oldest first
         self.tokens_computed = 0
 
     # -- requests ------------------------------------------------------------------------------
@@ -109,3 +110,20 @@ class ShadowRunner:
 
     def finish(self, seq_id: int) -> None:
         self.scheduler.finish(seq_id)
+
+    # -- overlap scheduling --------------------------------------------------------------------
+
+    def launch(self) -> StepPlan:
+        """schedule + execute + advance: the 'device' knows its samples at once (they extend the
+        shadow's token lists, as the GPU's ids buffer would); the scheduler learns them in resolve."""
+        plan = self.scheduler.schedule()
+        self.execute(plan)
+        sampled, self.pending = self.pending or {}, None
+        for seq_id, token in sampled.items():
+            self.tokens[seq_id].append(token)
+        self.scheduler.advance()
+        self.launched.append(sampled)
+        return plan
+
+    def resolve(self) -> None:
+        self.scheduler.resolve(self.launched.pop(0))

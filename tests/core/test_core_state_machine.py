@@ -66,15 +66,27 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sim.add(self.next_id, earlier[:keep] + tail, max_new_tokens=data.draw(st.integers(1, 4)))
         self.next_id += 1
 
-    @precondition(lambda self: not self.sim.scheduler.has_inflight)
+    @precondition(lambda self: not self.sim.scheduler.has_inflight and not self.sim.scheduler.num_unresolved)
     @rule()
     def step(self):
         self.sim.step()
 
-    @precondition(lambda self: not self.sim.scheduler.has_inflight)
+    @precondition(lambda self: not self.sim.scheduler.has_inflight and not self.sim.scheduler.num_unresolved)
     @rule()
     def schedule_only(self):
         self.sim.schedule()
+
+    # Overlap scheduling, as the engine drives it: schedule the next step with at most one step
+    # unresolved, advance it, then resolve the older one.
+    @precondition(lambda self: not self.sim.scheduler.has_inflight and self.sim.scheduler.num_unresolved <= 1)
+    @rule()
+    def launch(self):
+        self.sim.launch()
+
+    @precondition(lambda self: self.sim.scheduler.num_unresolved > 0)
+    @rule()
+    def resolve(self):
+        self.sim.resolve()
 
     @precondition(lambda self: self.sim.scheduler.has_inflight)
     @rule()
@@ -94,7 +106,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         scheduler.check_integrity()
         stats = scheduler.stats()
         assert stats.free + stats.active + stats.cached == stats.total
-        if not scheduler.num_running and not scheduler.has_inflight:
+        if not scheduler.num_running and not scheduler.has_inflight and not scheduler.num_unresolved:
             assert stats.active == 0, f"nothing in flight but {stats.active} pages active"
 
     def teardown(self):
@@ -102,6 +114,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         if self.sim.scheduler.has_inflight:
             self.sim.complete()
+        while self.sim.scheduler.num_unresolved:
+            self.sim.resolve()
         self.sim.run_until_idle(max_steps=2_000)  # everything left completes
         for seq_id in range(self.next_id):
             self.sim.finish(seq_id)
