@@ -8,6 +8,7 @@
 #
 #   bash perf/gpu/bench_table.sh part1    # fixed-1, seed-12x128, seed-hot10, seed-long, fixed-64, fixed-256 (~5 min)
 #   bash perf/gpu/bench_table.sh part2    # bf16 fixed-64, shared-prefix with sharing on/off (~3 min)
+#   bash perf/gpu/bench_table.sh overlap  # fixed-64 and fixed-256 with overlap scheduling off / on (~2 min)
 #   bash perf/gpu/bench_table.sh all
 set -o pipefail
 PART=${1:-part1}
@@ -33,4 +34,10 @@ if [ "$PART" = part2 ] || [ "$PART" = all ]; then
   # policy orders the queue; HF is left out (2,176-token prompts x 256 new tokens: minutes per batch).
   stage timeout 150 $B --workloads shared-prefix:${SP_REQUESTS:-256}:no-sharing --open-loop --max-running 256 --admission cache_aware \
      --kv-gb ${KV_GB:-100} --json "$OUT/table_shared.json" 2>&1 | quiet | tee "$OUT/table_shared.log"
+fi
+if [ "$PART" = overlap ]; then
+  stage timeout 120 $B --workloads fixed-64:128,fixed-256:256 --baselines "" \
+     --json "$OUT/table_sync.json" 2>&1 | quiet | tee "$OUT/table_sync.log"
+  stage timeout 120 $B --workloads fixed-64:128,fixed-256:256 --baselines "" --overlap \
+     --json "$OUT/table_overlap.json" 2>&1 | quiet | tee "$OUT/table_overlap.log"
 fi
