@@ -2,17 +2,26 @@
 
 Greedy rows cost one argmax and one small device->host copy (the step's only synchronisation);
 when the CUDA graph already computed the argmax, only the copy. Unseeded random rows are drawn
-together on the logits' device (sample_batched). Rows with a per-request seed keep a per-row draw
-from their own CPU generator, so a seeded request's tokens do not depend on its batch; penalties
-and min_tokens are applied per row as well (the slower path).
+together on the logits' device (sample_grouped), by the cheapest path that keeps their
+distribution: pure temperature rows race on the raw logits (no sort, no softmax), top-k rows inside
+a torch.topk window, and only top-p-without-top-k rows sort the whole vocabulary (sample_batched).
+Rows with a per-request seed keep a per-row draw from their own CPU generator, so a seeded
+request's tokens do not depend on its batch; penalties and min_tokens are applied per row as well
+(the slower path).
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..sampling_params import SamplingParams
+
+# Rows with a larger top_k sort the vocabulary instead: a wide topk costs about as much as a sort,
+# and every row of the top-k group pays for the group's widest window.
+TOP_K_WINDOW_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -23,26 +32,174 @@ class SamplingRow:
     output_ids: tuple[int, ...] | list[int]
 
 
-def sample_batched(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row of logits [S, V] (fp32): temperature [S] > 0, top_k [S] (0 = off), top_p [S].
+def _exponential(shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+    """Exp(1) noise for the exponential race, never 0: a filtered token's 0 / 0 or -inf - log 0 is NaN,
+    which argmax would pick."""
+    noise = torch.empty(shape, device=device)
+    if noise.device.type == "cpu":
+        # CPU exponential_ draws serially in double (~15 ns an element, 30 ms for 64 x 32000);
+        # -log(U) with U in [0, 1) vectorises and has CUDA's 24-bit resolution (U = 0 gives +inf: never wins).
+        return noise.uniform_(generator=generator).log_().neg_()
+    return noise.exponential_(generator=generator)      # CUDA's excludes 0
+
+
+def sample_batched(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+                   top_p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of logits [S, V] (fp32): temperature [S] > 0, top_k [S] (0 = off) or None, top_p [S].
 
     The same filters as the per-row path: keep the top_k largest (ties at the k-th kept), then the
     smallest prefix of the sorted distribution whose mass reaches top_p (the first token always
-    stays); draw by the exponential-race trick (argmax of p / E, E ~ Exp(1)).
+    stays); draw by the exponential-race trick (argmax of p / E, E ~ Exp(1)). Sorts the whole
+    vocabulary: sample_grouped sends here only the rows that need it.
     """
     vocab = logits.shape[-1]
     scaled = logits / temperature[:, None]
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab)).long()
-    kth = sorted_logits.gather(1, (k - 1)[:, None])
-    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    if top_k is not None:
+        k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab)).long()
+        kth = sorted_logits.gather(1, (k - 1)[:, None])
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
     probs = sorted_logits.softmax(-1)
     drop = ((probs.cumsum(-1) - probs) >= top_p[:, None]) & (top_p < 1.0)[:, None]
     probs = probs.masked_fill(drop, 0.0)
-    race = torch.empty_like(probs).exponential_(generator=generator)
+    race = _exponential(tuple(probs.shape), probs.device, generator)
     pick = (probs / race).argmax(dim=-1, keepdim=True)
     return order.gather(1, pick).squeeze(1)
+
+
+def sample_temperature(logits: torch.Tensor, temperature: torch.Tensor,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draws from softmax(logits / T) per row without a sort or a softmax (Gumbel-max).
+
+    argmax(p / E) = argmax(logits / T - log E) = argmax(logits - T log E) for T > 0: the same race
+    as sample_batched, two passes fewer, and logits is never written.
+    """
+    log_e = _exponential(tuple(logits.shape), logits.device, generator).log_()
+    return torch.addcmul(logits, temperature[:, None], log_e, value=-1.0).argmax(dim=-1)
+
+
+@dataclass
+class TopKWindow:
+    """The filtered distribution of top-k rows, kept inside a topk window of k_max candidates.
+
+    probs [n, k_max]: the kept window tokens' probabilities (0 for dropped ones), ids [n, k_max] their
+    vocab ids. Tokens outside the window whose logit equals the k-th (ties kept, as in the sort path)
+    are counted, not listed: ties_cum [n, V] is the running count of them in vocab order (its last
+    column is their number m), tie_mass [n] the mass top-p leaves them, shared equally.
+    """
+    probs: torch.Tensor
+    ids: torch.Tensor
+    ties_cum: torch.Tensor
+    tie_mass: torch.Tensor
+
+
+def top_k_window(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor | None,
+                 k_max: int) -> TopKWindow:
+    """top_k [n] in 1..k_max (long), top_p [n] with +inf for off, or None when no row has it."""
+    # Division by T > 0 keeps the order, so the window and the ties are found on the raw logits and
+    # only the k_max candidates are scaled. (Rounding can merge two fp32 logits one ulp apart into a
+    # tie after the division, which the sort path would keep; half-precision lm_head logits are never
+    # that close.)
+    vals, ids = logits.topk(k_max, dim=-1)
+    kth = vals.gather(1, (top_k - 1)[:, None])
+    # A tie at the k-th value can reach past the window; the sort path keeps all of them, so they are
+    # counted over the whole vocabulary (a compare and a scan, still no sort).
+    ties = logits == kth
+    ties.scatter_(1, ids, False)
+    ties_cum = ties.cumsum(-1, dtype=torch.int32)
+    outside = ties_cum[:, -1:].float()
+    scaled = (vals / temperature[:, None]).masked_fill(vals < kth, float("-inf"))
+    weights = (scaled - scaled[:, :1]).exp()
+    tie_weight = weights.gather(1, (top_k - 1)[:, None])
+    total = weights.sum(-1, keepdim=True) + outside * tie_weight
+    probs, tie_prob = weights / total, tie_weight / total
+    if top_p is None:
+        tie_mass = outside * tie_prob
+    else:
+        cum = probs.cumsum(-1)
+        probs = probs.masked_fill(cum - probs >= top_p[:, None], 0.0)
+        # The outside ties come after the whole window in the sorted order, each with tie_prob: the
+        # j-th (from 0) stays while the mass before it, cum[-1] + j * tie_prob, is below top_p.
+        # With tie_prob = 0 this is NaN or inf; the mass is then 0 or NaN, and a NaN score never wins.
+        kept = ((top_p[:, None] - cum[:, -1:]) / tie_prob).ceil().clamp_min(0.0)
+        tie_mass = torch.minimum(kept, outside) * tie_prob
+    return TopKWindow(probs, ids, ties_cum, tie_mass.squeeze(1))
+
+
+def sample_top_k(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor | None,
+                 k_max: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The sort path's top-k (+ top-p) draw from a topk window (top_k_window); one race for the window,
+    one for the outside ties as a group (the best of n Exp(1) is Exp(1) / n), then a uniform pick
+    among those ties when the group wins."""
+    w = top_k_window(logits, temperature, top_k, top_p, k_max)
+    n = logits.shape[0]
+    noise = _exponential((n, k_max + 2), logits.device, generator)
+    best, arg = (w.probs / noise[:, :k_max]).max(dim=-1)
+    group_wins = w.tie_mass / noise[:, k_max] > best
+    # A uniform pick among the m outside ties: the (j+1)-th, j = floor(U m), found in their running count.
+    outside = w.ties_cum[:, -1]
+    uniform = noise[:, k_max + 1].neg().exp()
+    j = torch.minimum((uniform * outside).floor(), outside - 1.0)
+    tie_id = torch.searchsorted(w.ties_cum, (j + 1.0).to(torch.int32)[:, None]).squeeze(1)
+    return torch.where(group_wins, tie_id, w.ids.gather(1, arg[:, None]).squeeze(1))
+
+
+def sample_grouped(logits: torch.Tensor, params: Sequence[SamplingParams | None],
+                   generator: torch.Generator | None = None, base: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row of logits [S, V]: rows whose params are None or greedy keep base (their
+    argmax when base is None); the others are drawn by path (pure temperature, top-k window, sort).
+
+    The grouping reads params on the host; the device sees two small copies and no synchronisation.
+    """
+    vocab = logits.shape[-1]
+    temp_rows: list[int] = []
+    window_rows: list[int] = []
+    sort_rows: list[int] = []
+    for i, p in enumerate(params):
+        if p is None or p.temperature == 0.0:
+            continue
+        k = p.top_k if 0 < p.top_k < vocab else 0
+        if 0 < k <= TOP_K_WINDOW_MAX:
+            window_rows.append(i)
+        elif k or p.top_p < 1.0:
+            sort_rows.append(i)
+        else:
+            temp_rows.append(i)
+    picked = temp_rows + window_rows + sort_rows
+    if not picked:
+        return base if base is not None else logits.argmax(dim=-1)
+    window_k = [params[i].top_k for i in window_rows]
+    sort_k = [params[i].top_k if 0 < params[i].top_k < vocab else 0 for i in sort_rows]
+    window_p = [params[i].top_p if params[i].top_p < 1.0 else math.inf for i in window_rows]
+    sort_p = [params[i].top_p for i in sort_rows]
+    ints = torch.tensor(picked + window_k + sort_k, dtype=torch.long).to(logits.device, non_blocking=True)
+    floats = torch.tensor([params[i].temperature for i in picked] + window_p + sort_p,
+                          dtype=torch.float32).to(logits.device, non_blocking=True)
+    n_t, n_w, n_s, n = len(temp_rows), len(window_rows), len(sort_rows), len(picked)
+    whole = n == logits.shape[0]           # every row drawn in path order: no gathers when one path has them all
+
+    def rows_of(start: int, count: int) -> torch.Tensor:
+        if whole and count == n:
+            return logits
+        return logits.index_select(0, ints[start:start + count])
+
+    drawn = []
+    if n_t:
+        drawn.append(sample_temperature(rows_of(0, n_t), floats[:n_t], generator))
+    if n_w:
+        top_p = floats[n:n + n_w] if any(p < 1.0 for p in window_p) else None
+        drawn.append(sample_top_k(rows_of(n_t, n_w), floats[n_t:n_t + n_w], ints[n:n + n_w], top_p,
+                                  max(window_k), generator))
+    if n_s:
+        top_k = ints[n + n_w:n + n_w + n_s] if any(sort_k) else None
+        drawn.append(sample_batched(rows_of(n_t + n_w, n_s), floats[n_t + n_w:n], top_k,
+                                    floats[n + n_w:n + n_w + n_s], generator))
+    tokens = drawn[0] if len(drawn) == 1 else torch.cat(drawn)
+    if whole:
+        return tokens if len(drawn) == 1 else torch.empty_like(tokens).index_copy_(0, ints[:n], tokens)
+    if base is None:
+        base = logits.argmax(dim=-1)
+    return base.index_copy(0, ints[:n], tokens)
 
 
 class Sampler:
@@ -75,16 +232,9 @@ class Sampler:
             logits = logits.clone()
             for i in adjust:
                 self._adjust(logits[i], rows[i])
-        out = logits.argmax(dim=-1)
-        batched = [i for i, r in enumerate(rows) if not r.params.greedy and r.generator is None]
-        if batched:
-            idx = torch.tensor(batched, dtype=torch.long).to(logits.device, non_blocking=True)
-            f32 = dict(dtype=torch.float32)
-            temp = torch.tensor([rows[i].params.temperature for i in batched], **f32).to(logits.device)
-            top_p = torch.tensor([rows[i].params.top_p for i in batched], **f32).to(logits.device)
-            top_k = torch.tensor([rows[i].params.top_k for i in batched], dtype=torch.long).to(logits.device)
-            drawn = sample_batched(logits.index_select(0, idx), temp, top_k, top_p, self._generator(logits.device))
-            out = out.index_copy(0, idx, drawn)
+        out = greedy_ids if greedy_ids is not None and not adjust else None
+        batched = [r.params if not r.params.greedy and r.generator is None else None for r in rows]
+        out = sample_grouped(logits, batched, self._generator(logits.device), base=out)
         tokens = out.tolist()
         for i, r in enumerate(rows):
             if not r.params.greedy and r.generator is not None:
