@@ -23,6 +23,10 @@ class EngineConfig:
     # ran 13% slower with cache_aware (docs/core.md); cache_aware pays with deep queues of shared prefixes.
     admission: str = "fcfs"
     default_max_tokens: int = 128
+    # Server only: a stream's deltas go out at most every N tokens (the first delta and the final
+    # response at once), as vLLM's and TRT-LLM's stream interval; 1 = every token. Fewer responses
+    # leave the engine thread more of the stub's GIL (docs/server-path.md).
+    stream_interval: int = 1
     debug_checks: bool = False            # check the pool's integrity after every step
     cuda_graphs: bool = True              # CUDA only: replay captured graphs for decode-only steps
     cascade_attention: bool = True        # CUDA only: decode rows sharing prefix pages read them once per group

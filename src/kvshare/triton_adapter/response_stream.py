@@ -1,7 +1,11 @@
-"""Sends RequestOutputs to Triton clients from a dedicated thread, coalescing when it falls behind.
+"""Sends RequestOutputs to Triton clients from a dedicated thread, one engine step at a time.
 
-The engine thread only enqueues; IPC to the Triton stub (~0.1 ms per response) never stalls a step.
-When several deltas of one request are queued, they go out as one response.
+The engine thread hands over each step's outputs as one list and never waits for IPC: a response
+costs ~30 µs of GIL-held Python to build plus an IPC round trip to the Triton process (~60-200 µs,
+GIL released) to send. When the pump falls behind, all queued deltas of a request go out as one
+response. With ``stream_interval`` N > 1 a stream's deltas are held until N tokens are pending (the
+first delta and the final response are never held), so the pump sends ~N times fewer responses and
+takes that much less of the GIL that the engine thread needs (docs/server-path.md).
 """
 from __future__ import annotations
 
@@ -18,12 +22,15 @@ from .inputs import GenerationRequest
 log = logging.getLogger("kvshare.triton")
 
 
-@dataclass
+@dataclass(eq=False)
 class ClientStream:
     """One Triton request's response sender and what its client asked to receive."""
     sender: object
     request: GenerationRequest
-    buffered: RequestOutput | None = None   # non-streaming requests send once, at the end
+    # Held back: a non-streaming request's outputs until the end, or a stream's delta until it has
+    # stream_interval tokens.
+    buffered: RequestOutput | None = None
+    responses_sent: int = 0
 
 
 def error_response(pb, message: str, code: str = "INVALID_ARG"):
@@ -40,26 +47,77 @@ def overloaded_response(pb, in_flight: int, limit: int):
                               f"(max_queued_requests = {limit}); retry later", "UNAVAILABLE")
 
 
+class ResponseBuilder:
+    """Builds response tensors, reusing those whose value repeats.
+
+    send() returns only after the Triton process has copied a response's tensors into its own
+    buffers, so one pb_utils.Tensor can go out in any number of responses. Most tensors of a
+    streamed response repeat: the empty finish_reason of every non-final response, an empty text
+    delta (a token that completes no character; always with dummy weights), a request's
+    cached_tokens and num_input_tokens. Reusing them skips a numpy allocation, and for BYTES tensors
+    the stub's pure-Python serializer, leaving output_ids and a non-empty text to build each time.
+    """
+
+    _MAX_CACHED_INTS = 4096     # distinct (name, value) ints kept; values are token counts, so few repeat far
+
+    def __init__(self, pb):
+        self._pb = pb
+        self._strings: dict[tuple[str, str], object] = {}
+        self._ints: dict[tuple[str, int], object] = {}
+
+    def _string(self, name: str, value: str):
+        key = (name, value)
+        tensor = self._strings.get(key)
+        if tensor is None:
+            tensor = self._pb.Tensor(name, np.array([[value.encode("utf-8")]], dtype=np.object_))
+            self._strings[key] = tensor
+        return tensor
+
+    def _int(self, name: str, value: int):
+        key = (name, value)
+        tensor = self._ints.get(key)
+        if tensor is None:
+            if len(self._ints) >= self._MAX_CACHED_INTS:
+                self._ints.clear()
+            tensor = self._pb.Tensor(name, np.array([[value]], dtype=np.int32))
+            self._ints[key] = tensor
+        return tensor
+
+    def response(self, out: RequestOutput, req: GenerationRequest):
+        pb = self._pb
+        text = (self._string("text_output", "") if not out.text
+                else pb.Tensor("text_output", np.array([[out.text.encode("utf-8")]], dtype=np.object_)))
+        tensors = [
+            text,
+            pb.Tensor("output_ids", np.array(out.token_ids, dtype=np.int32).reshape(1, -1)),
+            # Only five values (None and the four reasons): always cached.
+            self._string("finish_reason", out.finish_reason or ""),
+            self._int("cached_tokens", out.cached_tokens),
+        ]
+        if req.return_num_input_tokens:
+            tensors.append(self._int("num_input_tokens", out.num_prompt_tokens))
+        if req.return_num_output_tokens:
+            tensors.append(self._int("num_output_tokens", len(out.token_ids)))
+        return pb.InferenceResponse(output_tensors=tensors)
+
+
 def build_response(pb, out: RequestOutput, req: GenerationRequest):
-    tensors = [
-        pb.Tensor("text_output", np.array([[out.text.encode("utf-8")]], dtype=np.object_)),
-        pb.Tensor("output_ids", np.array([list(out.token_ids)], dtype=np.int32).reshape(1, -1)),
-        pb.Tensor("finish_reason", np.array([[(out.finish_reason or "").encode()]], dtype=np.object_)),
-        pb.Tensor("cached_tokens", np.array([[out.cached_tokens]], dtype=np.int32)),
-    ]
-    if req.return_num_input_tokens:
-        tensors.append(pb.Tensor("num_input_tokens", np.array([[out.num_prompt_tokens]], dtype=np.int32)))
-    if req.return_num_output_tokens:
-        tensors.append(pb.Tensor("num_output_tokens", np.array([[len(out.token_ids)]], dtype=np.int32)))
-    return pb.InferenceResponse(output_tensors=tensors)
+    """One response without tensor reuse (what ResponseBuilder.response must equal)."""
+    return ResponseBuilder(pb).response(out, req)
 
 
 class ResponsePump:
-    def __init__(self, pb):
+    def __init__(self, pb, stream_interval: int = 1):
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self._pb = pb
+        self._interval = stream_interval
+        self._builder = ResponseBuilder(pb)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, ClientStream] = {}
         self._lock = threading.Lock()
+        self.responses_sent = 0
+        self.tokens_sent = 0
         self._thread = threading.Thread(target=self._run, name="kvshare-responses", daemon=True)
         self._thread.start()
 
@@ -72,8 +130,14 @@ class ResponsePump:
             self._streams.pop(request_id, None)
 
     def put(self, out: RequestOutput) -> None:
-        """Called on the engine thread."""
-        self._queue.put(out)
+        """One output, from any thread."""
+        self._queue.put([out])
+
+    def put_many(self, outputs: list[RequestOutput]) -> None:
+        """A whole engine step's outputs (the engine thread's batch sink): one wake-up of the pump per
+        step rather than one per output, and the pump finds the step complete when it runs."""
+        if outputs:
+            self._queue.put(outputs)
 
     def close(self) -> None:
         self._queue.put(None)
@@ -81,36 +145,55 @@ class ResponsePump:
 
     def _run(self) -> None:
         while True:
-            batch = [self._queue.get()]
+            batches = [self._queue.get()]
             while True:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batches.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = None in batch
-            for out in coalesce([o for o in batch if o is not None]):
-                self._send(out)
-            if stop:
+            outputs = [out for batch in batches if batch is not None for out in batch]
+            if outputs:
+                self._send_batch(coalesce(outputs))
+            if None in batches:
                 return
 
-    def _send(self, out: RequestOutput) -> None:
+    def _send_batch(self, outputs: list[RequestOutput]) -> None:
         with self._lock:
-            stream = self._streams.get(out.request_id)
-            if out.finished:
-                self._streams.pop(out.request_id, None)
-        if stream is None:
-            return
-        if not stream.request.stream and not out.finished:
-            stream.buffered = out if stream.buffered is None else merge_outputs(stream.buffered, out)
-            return
+            streams = [self._streams.get(out.request_id) for out in outputs]
+            for out in outputs:
+                if out.finished:
+                    self._streams.pop(out.request_id, None)
+        for out, stream in zip(outputs, streams):
+            if stream is not None:
+                due = self._due(stream, out)
+                if due is not None:
+                    self._send(stream, due)
+
+    def _due(self, stream: ClientStream, out: RequestOutput) -> RequestOutput | None:
+        """What to send for this stream now (its held-back deltas merged in), or None to keep holding."""
         if stream.buffered is not None:
             out = merge_outputs(stream.buffered, out)
+            stream.buffered = None
+        if out.finished:
+            return out
+        # The first delta goes at once so that stream_interval never delays the first token.
+        if not stream.request.stream or (stream.responses_sent and len(out.token_ids) < self._interval):
+            stream.buffered = out
+            return None
+        return out
+
+    def _send(self, stream: ClientStream, out: RequestOutput) -> None:
         flags = self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.finished else 0
         try:
             if out.finish_reason == "error":
-                stream.sender.send(error_response(self._pb, out.error or "generation failed", "INTERNAL"), flags=flags)
+                response = error_response(self._pb, out.error or "generation failed", "INTERNAL")
             else:
-                stream.sender.send(build_response(self._pb, out, stream.request), flags=flags)
+                response = self._builder.response(out, stream.request)
+            stream.sender.send(response, flags=flags)
         except Exception:
             # The client went away; the engine hears of it through is_cancelled() and frees the pages.
             log.debug("could not send to request %s", out.request_id, exc_info=True)
+            return
+        stream.responses_sent += 1
+        self.responses_sent += 1
+        self.tokens_sent += len(out.token_ids)
