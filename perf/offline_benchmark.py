@@ -101,8 +101,8 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
         while pending and len(in_flight) < concurrency:
             r = pending.pop(0)
             rid = str(r.request_id)
-            engine.add_request(rid, list(r.prompt_ids), SamplingParams(max_tokens=r.max_new_tokens, temperature=0.0,
-                                                                        ignore_eos=True))
+            engine.add_request(rid, list(r.prompt_ids), SamplingParams(
+                max_tokens=r.max_new_tokens, temperature=args.temperature, top_k=args.top_k, ignore_eos=True))
             arrival[rid] = time.perf_counter()
             in_flight.add(rid)
         for o in engine.step():
@@ -243,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="submit every request at once (SGLang's --request-rate inf): the engine's queue and "
                          "admission policy decide the order; TTFT then includes queueing")
     ap.add_argument("--admission", default=None, help="engine admission policy (fcfs | cache_aware); default the engine's")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="kvshare rows only: sample at this temperature (0 = greedy, as the HF baselines)")
+    ap.add_argument("--top-k", type=int, default=0, help="kvshare rows only: top-k when sampling")
     ap.add_argument("--overlap", action="store_true",
                     help="overlap scheduling: schedule step N+1 while step N runs (EngineConfig.overlap_schedule)")
     ap.add_argument("--json", type=Path, default=None)
