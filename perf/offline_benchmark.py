@@ -209,7 +209,7 @@ def print_table(rows: list[Row]) -> None:
     print("-" * len(head))
     base = {r.workload: r.tok_per_s for r in rows if r.system == "hf-generate"}
     base_b = {r.workload: r.tok_per_s for r in rows if r.system == "hf-generate_batch"}
-    base_ns = {r.workload: r.tok_per_s for r in rows if r.system == "kvshare-no-sharing"}
+    base_ns = {r.workload: r.tok_per_s for r in rows if r.system.startswith("kvshare-no-sharing")}
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
@@ -259,12 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     specs = [parse_workload(w, args.max_requests, default_baselines) for w in args.workloads.split(",") if w]
     hf = hf_model(loaded, args) if any({"generate", "generate_batch"} & set(b) for _, _, b in specs) else None
     rows: list[Row] = []
+    # Non-default engine settings go into the row label, so result files say what ran.
+    settings = [f"{args.admission}" if args.admission else "", "overlap" if args.overlap else "",
+                f"T={args.temperature:g}" if args.temperature else "", f"top-k {args.top_k}" if args.top_k else ""]
+    variant = f" ({', '.join(x for x in settings if x)})" if any(settings) else ""
     for name, max_requests, baselines in specs:
         trace = limit(make_trace(name), max_requests, args.output_tokens, loaded.config.vocab_size)
         print(f"== {trace.name}: {len(trace.requests)} requests, concurrency {trace.concurrency}", flush=True)
-        rows.append(run_kvshare(loaded, trace, args, sharing=True, label="kvshare"))
+        rows.append(run_kvshare(loaded, trace, args, sharing=True, label="kvshare" + variant))
         if "no-sharing" in baselines:
-            rows.append(run_kvshare(loaded, trace, args, sharing=False, label="kvshare-no-sharing"))
+            rows.append(run_kvshare(loaded, trace, args, sharing=False, label="kvshare-no-sharing" + variant))
         if "generate" in baselines:
             rows.append(run_hf_generate(hf, trace, args))
         if "generate_batch" in baselines:

@@ -31,6 +31,10 @@ def table(rows: list[dict]) -> str:
              "vs HF generate_batch | vs no sharing | % of ceiling |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
+    def no_sharing_ratio(r):
+        """Against the no-sharing row with the same settings."""
+        return ratio(r, r["system"].replace("kvshare", "kvshare-no-sharing", 1))
+
     def ratio(r, system):
         b = by.get((r["workload"], system))
         return f"{r['tok_per_s'] / b['tok_per_s']:.2f}×" if b and b is not r else ""
@@ -42,10 +46,12 @@ def table(rows: list[dict]) -> str:
         ttft = "" if r["ttft_p50_ms"] is None else f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p95_ms']:,.0f}"
         kv = "" if r.get("peak_kv_gb") is None else f"{r['peak_kv_gb']:.1f}"
         hit = "" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.0%}"
-        kvs = r["system"] in ("kvshare", "kvshare-no-sharing")   # a bf16 row has no same-dtype baseline
+        # "kvshare (settings)" rows compare like "kvshare"; a bf16 row has no same-dtype baseline
+        base_system, _, settings = r["system"].partition(" (")
+        kvs = base_system in ("kvshare", "kvshare-no-sharing") and "bf16" not in settings
         lines.append(f"| {r['workload']} | {r['system']} | {r['tok_per_s']:,.0f} | {ttft} | {kv} | {hit} | "
                      f"{ratio(r, 'hf-generate') if kvs else ''} | {ratio(r, 'hf-generate_batch') if kvs else ''} | "
-                     f"{ratio(r, 'kvshare-no-sharing') if r['system'] == 'kvshare' else ''} | {ceil} |")
+                     f"{no_sharing_ratio(r) if kvs and base_system == 'kvshare' else ''} | {ceil} |")
     return "\n".join(lines)
 
 
