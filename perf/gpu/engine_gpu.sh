@@ -7,15 +7,11 @@
 # exit status as "[stage rc=N, S s]").
 #
 #   bash perf/gpu/engine_gpu.sh [parity|graphs|bench|all|shared]
-set -o pipefail
 MODE=${1:-all}
-OUT=${OUT:-/tmp/kvshare-engine-out}
-mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-cd "$(dirname "$0")/../.."
+OUT_DEFAULT=/tmp/kvshare-engine-out
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv 2>&1 | tee "$OUT/gpu.txt"
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
-stage() { local t0=$SECONDS; "$@"; local rc=$?; echo "[stage rc=$rc, $((SECONDS - t0)) s]"; return $rc; }
 
 if [ "$MODE" = all ] || [ "$MODE" = parity ]; then
   stage timeout 150 python3 perf/gpu/check_forward_parity.py 2>&1 | tee "$OUT/parity.log"
@@ -30,18 +26,16 @@ if [ "$MODE" = all ] || [ "$MODE" = graphs ]; then
   } 2>&1 | tee "$OUT/graphs.log"
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
-  B="timeout 240 python3 perf/offline_benchmark.py --model dummy:llama-2-7b --device cuda --dtype float16"
-  stage $B --workloads seed-12x128,fixed-64,fixed-256 --max-requests 256 --baselines generate \
-     --json "$OUT/bench_fixed.json" 2>&1 | grep -v "it/s]" | tee "$OUT/bench_fixed.log"
-  B="timeout 150 python3 perf/offline_benchmark.py --model dummy:llama-2-7b --device cuda --dtype float16"
-  stage $B --workloads seed-hot10 --max-requests 96 --baselines no-sharing,generate \
-     --json "$OUT/bench_hot10.json" 2>&1 | grep -v "it/s]" | tee "$OUT/bench_hot10.log"
+  stage timeout 240 $OFFLINE_7B --dtype float16 --workloads seed-12x128,fixed-64,fixed-256 --max-requests 256 \
+     --baselines generate --json "$OUT/bench_fixed.json" 2>&1 | quiet | tee "$OUT/bench_fixed.log"
+  stage timeout 150 $OFFLINE_7B --dtype float16 --workloads seed-hot10 --max-requests 96 --baselines no-sharing,generate \
+     --json "$OUT/bench_hot10.json" 2>&1 | quiet | tee "$OUT/bench_hot10.log"
 fi
 if [ "$MODE" = shared ]; then
   # SGLang's generated-shared-prefix shape (2048-token system prompt per group + 128-token question),
   # cut to its first 192 requests (~3 per group after the trace's shuffle) and 128 output tokens so it
   # fits a short lease: prefix sharing on vs off, same pool (KV_GB, default 40).
-  stage timeout 200 python3 perf/offline_benchmark.py --model dummy:llama-2-7b --device cuda --dtype float16 \
+  stage timeout 200 $OFFLINE_7B --dtype float16 \
      --workloads shared-prefix --max-requests 192 --output-tokens 128 --baselines no-sharing --kv-gb ${KV_GB:-40} \
-     --json "$OUT/bench_shared_prefix.json" 2>&1 | grep -v "it/s]" | tee "$OUT/bench_shared_prefix.log"
+     --json "$OUT/bench_shared_prefix.json" 2>&1 | quiet | tee "$OUT/bench_shared_prefix.log"
 fi

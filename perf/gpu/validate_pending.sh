@@ -9,14 +9,8 @@
 # plain and once with KVSHARE_STREAM_INTERVAL=4.
 #
 #   bash perf/gpu/validate_pending.sh
-set -o pipefail
-OUT=${OUT:-/tmp/kvshare-validate-out}
-mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-cd "$(dirname "$0")/../.."
-stage() { local t0=$SECONDS; "$@"; local rc=$?; echo "[stage rc=$rc, $((SECONDS - t0)) s]"; return $rc; }
-B="python3 perf/offline_benchmark.py --model dummy:llama-2-7b --device cuda"
-quiet() { grep --line-buffered -v "it/s]"; }
+OUT_DEFAULT=/tmp/kvshare-validate-out
+source "$(dirname "$0")/gpu_env.sh"
 
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 stage timeout 150 python3 -m pytest -q -p no:cacheprovider tests/runtime tests/kernels/test_fused_silu.py \
@@ -25,11 +19,11 @@ stage timeout 150 python3 -m pytest -q -p no:cacheprovider tests/runtime tests/k
 OUT="$OUT" stage bash perf/gpu/bench_table.sh overlap 2>&1 | tee "$OUT/overlap.log" | grep -E "^fixed|rc="
 stage timeout 60 python3 perf/gpu/bench_sampler.py --batches 12,64,256 --vocabs 32000,128256 \
     --json "$OUT/sampler.json" 2>&1 | tee "$OUT/sampler.log" | tail -20
-stage timeout 100 $B --workloads fixed-64:128,fixed-256:256 --baselines "" --temperature 1.0 \
+stage timeout 100 $OFFLINE_7B --workloads fixed-64:128,fixed-256:256 --baselines "" --temperature 1.0 \
     --json "$OUT/engine_t1.json" 2>&1 | quiet | grep -E "^fixed|rc=" | tee "$OUT/engine_t1.log"
-stage timeout 100 $B --workloads fixed-64:128,fixed-256:256 --baselines "" --temperature 1.0 --top-k 50 \
+stage timeout 100 $OFFLINE_7B --workloads fixed-64:128,fixed-256:256 --baselines "" --temperature 1.0 --top-k 50 \
     --json "$OUT/engine_t1_k50.json" 2>&1 | quiet | grep -E "^fixed|rc=" | tee "$OUT/engine_t1_k50.log"
 for A in fcfs cache_aware; do
-  stage timeout 60 $B --workloads seed-hot10:36:no-sharing --admission $A \
+  stage timeout 60 $OFFLINE_7B --workloads seed-hot10:36:no-sharing --admission $A \
       --json "$OUT/hot10_$A.json" 2>&1 | quiet | grep -E "^seed|rc=" | tee "$OUT/hot10_$A.log"
 done
