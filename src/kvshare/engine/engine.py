@@ -185,13 +185,9 @@ class LLMEngine:
             outputs += self._resolve_pending()
             self._pending = _PendingStep(tuple(sampling_ids), {s: i for i, s in enumerate(sampling_ids)}, launched)
             return outputs
-        tokens = self.runner.execute(inputs)
-        sampled = dict(zip(sampling_ids, tokens))
+        sampled = dict(zip(sampling_ids, self.runner.execute(inputs)))
         self.scheduler.on_step_done(sampled)
-        now = time.monotonic()
-        for seq_id, token in sampled.items():
-            outputs.append(self._on_token(self._by_seq[seq_id], token, now))
-        return outputs
+        return outputs + self._emit(sampled)
 
     def _overlap_eligible(self, plan) -> bool:
         """Rows whose sampling needs the previous token on the host (penalties, min_tokens, random
@@ -209,11 +205,14 @@ class LLMEngine:
             return []
         sampled = dict(zip(pending.seq_ids, pending.launched.tokens()))
         self.scheduler.resolve(sampled)
+        return self._emit(sampled)
+
+    def _emit(self, sampled: dict[int, int]) -> list[RequestOutput]:
         now = time.monotonic()
         outputs = []
         for seq_id, token in sampled.items():
             state = self._by_seq.get(seq_id)
-            if state is not None:          # else finished or cancelled meanwhile: the token is dropped
+            if state is not None:          # else finished or cancelled while its step ran: the token is dropped
                 outputs.append(self._on_token(state, token, now))
         return outputs
 

@@ -51,8 +51,8 @@ def plan_shared_prefixes(rows: Sequence[tuple[Sequence[int], int]], page_size: i
     plan = plan_cascade(table, ctx, page_size, min_shared_pages=policy.min_shared_pages)
     if plan.num_groups == 0:
         return None
-    members = (plan.group_rows >= 0).sum(dim=1)
-    saved = int(((members - 1) * plan.group_shared_len).sum())
+    # every grouped row's shared tokens, minus the one pass per group the prefix kernel still reads
+    saved = int(plan.row_shared_len.sum()) - plan.shared_tokens_read()
     if saved < policy.min_saved_fraction * int(ctx.sum()):
         return None
     return plan.to(device)
