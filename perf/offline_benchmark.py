@@ -23,6 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent / "core"))
 from workload_traces import Trace, make_trace  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_profile import StepProfile, format_summary  # noqa: E402
+
 from kvshare.engine.engine import LLMEngine  # noqa: E402
 from kvshare.engine.engine_config import EngineConfig  # noqa: E402
 from kvshare.engine.gc_tuning import freeze_startup_heap, thaw  # noqa: E402
@@ -43,6 +46,7 @@ class Row:
     peak_kv_pages: int | None
     prefix_hit_rate: float | None
     peak_kv_gb: float | None = None     # peak pages x bytes per page (the KV memory the requests held)
+    step_profile: dict | None = None    # --step-profile: seconds per step kind (perf/step_profile.py)
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -95,6 +99,7 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
     first_seen: set[str] = set()
     out_tokens = peak = 0
     device = torch.device(args.device)
+    profile = StepProfile() if args.step_profile else None
     _sync(device)
     start = time.perf_counter()
     while pending or in_flight:
@@ -105,7 +110,11 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
                 max_tokens=r.max_new_tokens, temperature=args.temperature, top_k=args.top_k, ignore_eos=True))
             arrival[rid] = time.perf_counter()
             in_flight.add(rid)
-        for o in engine.step():
+        t_step = time.perf_counter()
+        outputs = engine.step()
+        if profile is not None:
+            profile.add(engine.last_step, time.perf_counter() - t_step)
+        for o in outputs:
             out_tokens += len(o.token_ids)
             if o.token_ids and o.request_id not in first_seen:
                 first_seen.add(o.request_id)
@@ -115,12 +124,15 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
         peak = max(peak, engine.stats().pool.active)
     _sync(device)
     secs = time.perf_counter() - start
+    steps = profile.summary(secs) if profile is not None else None
+    if steps is not None:
+        print(f"   step profile of {label} ({secs:.2f} s):\n{format_summary(steps, secs)}", flush=True)
     pool = engine.stats().pool
     page_bytes = engine.kv.page_size * loaded.config.kv_bytes_per_token * engine.kv.k[0].element_size() // 2
     del engine
     thaw()
     return Row(trace.name, label, len(trace.requests), out_tokens, secs, out_tokens / secs, _pct(ttft, 0.5),
-               _pct(ttft, 0.95), peak, pool.prefix_hit_rate, round(peak * page_bytes / 1e9, 2))
+               _pct(ttft, 0.95), peak, pool.prefix_hit_rate, round(peak * page_bytes / 1e9, 2), steps)
 
 
 def hf_model(loaded: LoadedModel, args):
@@ -248,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=0, help="kvshare rows only: top-k when sampling")
     ap.add_argument("--overlap", action="store_true",
                     help="overlap scheduling: schedule step N+1 while step N runs (EngineConfig.overlap_schedule)")
+    ap.add_argument("--step-profile", action="store_true",
+                    help="time every engine step; print seconds per step kind (prefill, mixed, decode per path)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")

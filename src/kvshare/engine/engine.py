@@ -26,7 +26,7 @@ from ..runtime.weights import LoadedModel, load_model
 from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
-from .outputs import InvalidRequest, RequestOutput
+from .outputs import InvalidRequest, RequestOutput, StepShape
 from .request_state import RequestState
 
 log = logging.getLogger("kvshare.engine")
@@ -86,6 +86,7 @@ class LLMEngine:
         self._generation_tokens_total = 0
         self._ttft: list[float] = []
         self._itl: list[float] = []
+        self.last_step = StepShape(0, 0, "none")
 
     # -- requests ---------------------------------------------------------------------------
     @property
@@ -161,6 +162,7 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         outputs = [self._finish(self._by_seq[sid], (), "", "error", msg) for sid, msg in plan.rejected]
         if not plan.chunks:
+            self.last_step = StepShape(0, 0, "none")
             return outputs + self._resolve_pending()
         overlap = self.config.overlap_schedule and self._overlap_eligible(plan)
         if not overlap:
@@ -179,13 +181,16 @@ class LLMEngine:
                 ids = state.token_slice(chunk.start, chunk.num_tokens)
             inputs.append(ChunkInput(ids, chunk.start, self.scheduler.page_table(chunk.seq_id), sampling))
         sampling_ids = [c.seq_id for c in plan.chunks if c.samples]
+        decode_rows = sum(1 for c in plan.chunks if c.num_tokens == 1)
         if overlap:
             launched = self.runner.launch_greedy(inputs)
+            self.last_step = StepShape(decode_rows, plan.num_tokens - decode_rows, self.runner.last_path)
             self.scheduler.advance()
             outputs += self._resolve_pending()
             self._pending = _PendingStep(tuple(sampling_ids), {s: i for i, s in enumerate(sampling_ids)}, launched)
             return outputs
         sampled = dict(zip(sampling_ids, self.runner.execute(inputs)))
+        self.last_step = StepShape(decode_rows, plan.num_tokens - decode_rows, self.runner.last_path)
         self.scheduler.on_step_done(sampled)
         return outputs + self._emit(sampled)
 

@@ -17,6 +17,14 @@ class RequestOutput:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """What the engine's last step ran (benchmarks' step profiles; not used by serving)."""
+    decode_rows: int                  # one-token chunks
+    prefill_tokens: int               # tokens of longer chunks (prompt prefill)
+    path: str                         # the runner's path: graph | cascade-graph | cascade | eager | none
+
+
 class InvalidRequest(ValueError):
     """A request the engine cannot serve; ``field`` names the offending input."""
 

@@ -60,6 +60,7 @@ class ModelRunner:
         self._host_slots = [torch.zeros(max_rows, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
         self._slot = 0
+        self.last_path = "none"       # graph | cascade-graph | cascade | eager (step profiles)
         self.cascade = cascade        # None: every decode reads each row's pages itself
         k0 = kv.k[0]
         self._kv_bytes_per_token = 2 * len(kv.k) * k0[0, 0].numel() * k0.element_size()
@@ -112,7 +113,9 @@ class ModelRunner:
             plan = plan_shared_prefixes([(c.page_table, c.start + 1) for c in chunks], self.kv.page_size,
                                         self.device, self.cascade, self._kv_bytes_per_token)
         if plan is None and self._graph_fits(chunks, num_sampling):
+            self.last_path = "graph"
             return self.graphs.run([(c.token_ids[0], c.start, c.page_table) for c in chunks])
+        self.last_path = "eager" if plan is None else "cascade"
         decode_bound = self.decode_context if self.device.type == "cuda" else None
         batch = build_forward_batch(
             [(list(c.token_ids), c.start, list(c.page_table), c.sampling is not None) for c in chunks],
