@@ -8,6 +8,8 @@ Workloads are perf/core/workload_traces.py's seeded token-id traces (closed loop
 requests in flight; output lengths forced, EOS ignored). HF `generate` runs them as static batches
 of `concurrency` (seed 000's baseline); `generate_batch` is HF's own continuous batching.
 Prints output tok/s, TTFT p50/p95, peak KV pages and the ratios; --json writes the rows.
+--repeat N runs each kvshare row N times and keeps the run with the median tok/s, so that one slow
+run does not make the row (the JSON keeps every run's figure).
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -47,6 +51,7 @@ class Row:
     prefix_hit_rate: float | None
     peak_kv_gb: float | None = None     # peak pages x bytes per page (the KV memory the requests held)
     step_profile: dict | None = None    # --step-profile: seconds per step kind (perf/step_profile.py)
+    runs_tok_per_s: list[float] | None = None   # --repeat N > 1: every run's tok/s, in run order
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -68,6 +73,23 @@ def limit(trace: Trace, max_requests: int | None, output_tokens: int | None, voc
     return replace(trace, requests=reqs)
 
 
+def median_run(runs: Sequence[Row]) -> Row:
+    """The run with the median tok/s, carrying every run's figure. Of an even count the lower middle
+    one: the row stays one measured run (its TTFT, KV and step profile agree with its tok/s)."""
+    if not runs:
+        raise ValueError("no runs")
+    middle = sorted(runs, key=lambda r: r.tok_per_s)[(len(runs) - 1) // 2]
+    return replace(middle, runs_tok_per_s=[r.tok_per_s for r in runs] if len(runs) > 1 else None)
+
+
+def run_repeated(run: Callable[[], Row], repeat: int) -> Row:
+    runs = [run() for _ in range(repeat)]
+    if repeat > 1:
+        print(f"   {runs[0].system}: tok/s per run {', '.join(f'{r.tok_per_s:.1f}' for r in runs)}; "
+              "kept the median", flush=True)
+    return median_run(runs)
+
+
 def warm_up(engine: LLMEngine, trace: Trace, vocab: int) -> None:
     """Untimed: Triton's JIT compiles each kernel variant the first time a shape class appears (~0.3 s
     each on the H200), so run the trace's first batch twice for 2 tokens, with prompts shifted by one
@@ -87,7 +109,7 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
     cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
                        kv_cache_memory_gb=args.kv_gb, max_running=args.max_running or max(trace.concurrency or 64, 1),
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
-                       enable_prefix_caching=sharing, overlap_schedule=args.overlap,
+                       enable_prefix_caching=sharing, overlap_schedule=args.overlap, cascade_attention=args.cascade,
                        **({"admission": args.admission} if args.admission else {}))
     engine = LLMEngine(cfg, loaded=loaded)
     warm_up(engine, trace, loaded.config.vocab_size)
@@ -214,9 +236,15 @@ def parse_workload(spec: str, max_requests: int | None, baselines: list[str]) ->
     return name, max_requests, baselines
 
 
+def system_label(row: Row) -> str:
+    n = len(row.runs_tok_per_s or ())
+    return f"{row.system} (median of {n})" if n > 1 else row.system
+
+
 def print_table(rows: list[Row]) -> None:
-    head = f"{'workload':<16}{'system':<20}{'reqs':>5}{'out tok':>9}{'s':>8}{'tok/s':>9}{'TTFT p50':>10}{'p95 ms':>9}" \
-           f"{'KV GB':>7}{'hit':>6}{'vs hf-gen':>10}{'vs gen_b':>9}{'vs no-sh':>9}"
+    width = max([20] + [len(system_label(r)) + 2 for r in rows])
+    head = f"{'workload':<16}{'system':<{width}}{'reqs':>5}{'out tok':>9}{'s':>8}{'tok/s':>9}{'TTFT p50':>10}" \
+           f"{'p95 ms':>9}{'KV GB':>7}{'hit':>6}{'vs hf-gen':>10}{'vs gen_b':>9}{'vs no-sh':>9}"
     print(head)
     print("-" * len(head))
     base = {r.workload: r.tok_per_s for r in rows if r.system == "hf-generate"}
@@ -230,10 +258,16 @@ def print_table(rows: list[Row]) -> None:
         def ratio(b):
             return r.tok_per_s / b[r.workload] if b.get(r.workload) else None
 
-        print(f"{r.workload:<16}{r.system:<20}{r.requests:>5}{r.output_tokens:>9}{r.seconds:>8.1f}{r.tok_per_s:>9.1f}"
+        print(f"{r.workload:<16}{system_label(r):<{width}}{r.requests:>5}{r.output_tokens:>9}{r.seconds:>8.1f}"
+              f"{r.tok_per_s:>9.1f}"
               f"{f(r.ttft_p50_ms, '.0f'):>10}{f(r.ttft_p95_ms, '.0f'):>9}{f(r.peak_kv_gb, '.2f'):>7}"
               f"{f(r.prefix_hit_rate, '.2f'):>6}{f(ratio(base), '.2f'):>10}{f(ratio(base_b), '.2f'):>9}"
               f"{f(ratio(base_ns), '.2f'):>9}")
+
+
+def overlap_label(overlap: bool | None) -> str:
+    """Only an explicit --overlap / --no-overlap names itself; the engine's default is unlabelled."""
+    return {True: "overlap", False: "no overlap", None: ""}[overlap]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,12 +292,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="kvshare rows only: sample at this temperature (0 = greedy, as the HF baselines)")
     ap.add_argument("--top-k", type=int, default=0, help="kvshare rows only: top-k when sampling")
-    ap.add_argument("--overlap", action="store_true",
-                    help="overlap scheduling: schedule step N+1 while step N runs (EngineConfig.overlap_schedule)")
+    ap.add_argument("--cascade", action=argparse.BooleanOptionalAction, default=True,
+                    help="cascade (shared-prefix) decode attention on CUDA (EngineConfig.cascade_attention)")
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                    help="overlap scheduling: schedule step N+1 while step N runs (EngineConfig.overlap_schedule); "
+                         "default the engine's (on for CUDA, off on the CPU)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each kvshare row N times and keep the one with the median tok/s")
     ap.add_argument("--step-profile", action="store_true",
                     help="time every engine step; print seconds per step kind (prefill, mixed, decode per path)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
     args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
     args.kv_gb = args.kv_gb or (40.0 if args.device.startswith("cuda") else 1.0)
     if args.device == "cpu":
@@ -274,15 +315,18 @@ def main(argv: list[str] | None = None) -> int:
     hf = hf_model(loaded, args) if any({"generate", "generate_batch"} & set(b) for _, _, b in specs) else None
     rows: list[Row] = []
     # Non-default engine settings go into the row label, so result files say what ran.
-    settings = [f"{args.admission}" if args.admission else "", "overlap" if args.overlap else "",
+    settings = [f"{args.admission}" if args.admission else "", overlap_label(args.overlap),
+                "" if args.cascade else "no cascade",
                 f"T={args.temperature:g}" if args.temperature else "", f"top-k {args.top_k}" if args.top_k else ""]
     variant = f" ({', '.join(x for x in settings if x)})" if any(settings) else ""
     for name, max_requests, baselines in specs:
         trace = limit(make_trace(name), max_requests, args.output_tokens, loaded.config.vocab_size)
         print(f"== {trace.name}: {len(trace.requests)} requests, concurrency {trace.concurrency}", flush=True)
-        rows.append(run_kvshare(loaded, trace, args, sharing=True, label="kvshare" + variant))
+        rows.append(run_repeated(partial(run_kvshare, loaded, trace, args, sharing=True, label="kvshare" + variant),
+                                 args.repeat))
         if "no-sharing" in baselines:
-            rows.append(run_kvshare(loaded, trace, args, sharing=False, label="kvshare-no-sharing" + variant))
+            rows.append(run_repeated(partial(run_kvshare, loaded, trace, args, sharing=False,
+                                             label="kvshare-no-sharing" + variant), args.repeat))
         if "generate" in baselines:
             rows.append(run_hf_generate(hf, trace, args))
         if "generate_batch" in baselines:

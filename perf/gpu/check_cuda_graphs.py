@@ -49,8 +49,9 @@ DEVICE, DTYPE = "cuda", "float16"
 
 
 def run(loaded, graphs: bool, prompts, max_tokens, max_running: int):
+    # Synchronous steps: the Recorder wraps the sampler, which overlap scheduling's greedy steps skip.
     cfg = EngineConfig(model=loaded.source, device=DEVICE, dtype=DTYPE, kv_cache_memory_gb=4.0,
-                       max_running=max_running, cuda_graphs=graphs)
+                       max_running=max_running, cuda_graphs=graphs, overlap_schedule=False)
     engine = LLMEngine(cfg, loaded=loaded)
     assert (engine.runner.graphs is not None) == (graphs and DEVICE == "cuda")
     rec = Recorder(engine.runner.sampler)

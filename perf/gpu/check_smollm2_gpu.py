@@ -158,7 +158,9 @@ class MarginRecorder:
 
 def run_pass(loaded: LoadedModel, device: str, dtype: str, name: str, prompt_ids: list[list[int]],
              new_tokens: int) -> tuple[list[dict], dict]:
-    cfg = EngineConfig(device=device, dtype=dtype, **ENGINE)
+    # Synchronous steps on every device: the recorder wraps the sampler, which overlap scheduling's
+    # greedy steps (the batched-argmax pass) skip.
+    cfg = EngineConfig(device=device, dtype=dtype, overlap_schedule=False, **ENGINE)
     t0 = time.perf_counter()
     engine = LLMEngine(cfg, loaded=loaded)
     setup_s = time.perf_counter() - t0

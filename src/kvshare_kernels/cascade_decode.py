@@ -44,7 +44,7 @@ from . import decode_attention as _da
 from .checks import PageTableError, interpreter_bf16
 
 __all__ = ["CascadePlan", "plan_cascade", "cascade_decode_attention", "cascade_decode_reference",
-           "check_plan_values"]
+           "check_plan_values", "graph_prefix_splits"]
 
 LOG2E = 1.4426950408889634
 
@@ -75,8 +75,9 @@ class CascadePlan:
     num_rows: int           # B: rows of the page table the plan was built for
     num_groups: int         # G
     max_members: int        # M: width of group_rows (rows per prefix program)
-    max_shared_len: int     # max of group_shared_len (0 without groups)
+    max_shared_len: int     # max of group_shared_len (0 without groups); an upper bound in a graph's plan
     buffer: torch.Tensor    # int32 [B + G + G*M]
+    prefix_splits: int | None = None   # fixed prefix split-K (a CUDA graph's); None: chosen per call
 
     @property
     def row_shared_len(self) -> torch.Tensor:
@@ -531,6 +532,17 @@ def choose_prefix_splits(num_groups: int, programs_per_group: int, max_shared_le
     return max(1, min(want, by_len, _da.MAX_SPLITS))
 
 
+def graph_prefix_splits(batch: int, num_q_heads: int, num_kv_heads: int, max_members: int, max_shared_len: int,
+                        elem_size: int, device: torch.device) -> int:
+    """The prefix split-K a CUDA graph of ``batch`` rows fixes at capture, sized for full groups
+    (batch / max_members of them: the shared-prefix workloads' shape) over up to max_shared_len."""
+    cfg = prefix_config(num_q_heads, num_kv_heads, max_members)
+    heads = cfg["heads_per_program"]
+    rows = max_members * heads * (num_q_heads // num_kv_heads)
+    return choose_prefix_splits(max(1, batch // max_members), num_kv_heads // heads, max_shared_len, rows, heads,
+                                elem_size, device, cfg["block_n"])
+
+
 def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                              context_lens: torch.Tensor, plan: CascadePlan, scale: float,
                              out: torch.Tensor | None = None, *, max_context: int | None = None,
@@ -593,6 +605,8 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     s_block_n = suffix_block_n or dcfg["block_n"]
     rows = plan.max_members * heads * group
     block_r = max(16, triton.next_power_of_2(rows))
+    if prefix_splits is None:
+        prefix_splits = plan.prefix_splits
     if prefix_splits is None:
         prefix_splits = choose_prefix_splits(plan.num_groups, hkv // heads, plan.max_shared_len, rows, heads,
                                              q.element_size(), q.device, p_block_n)

@@ -10,33 +10,35 @@ import torch
 import kvshare_kernels.kernels as triton_ops
 from kvshare.runtime.cascade_planner import CascadePolicy, plan_shared_prefixes
 from kvshare.runtime.forward_batch import build_forward_batch
+from kvshare.runtime.input_buffers import CascadePlanBuffers, DecodeInputBuffers, max_groups
 from kvshare.runtime.kv_cache import KVCache
 from kvshare.runtime.llama import LlamaModel
 from kvshare.runtime.model_config import NAMED_CONFIGS
 from kvshare.runtime.weights import random_weights
 
 PAGE = 4
-POLICY = CascadePolicy(min_saved_fraction=0.25, min_batch=2, min_shared_pages=2, min_plain_read_gb=0.0)
-KVB = 1024   # K+V bytes per token (irrelevant with min_plain_read_gb=0)
+POLICY = CascadePolicy(min_saved_fraction=0.25, min_batch=2, min_shared_pages=2, min_plain_read_gb=0.0,
+                       min_saved_read_gb_graph=0.0)
+KVB = 1024   # K+V bytes per token (irrelevant with the two byte thresholds at 0)
 
 
 def test_planner_skips_batches_without_common_pages():
     rows = [((1, 2, 3), 10), ((4, 5, 6), 10), ((7, 8, 9), 10)]
-    assert plan_shared_prefixes(rows, PAGE, torch.device("cpu"), POLICY, KVB) is None
+    assert plan_shared_prefixes(rows, PAGE, POLICY, KVB) is None
 
 
 def test_planner_skips_small_savings_and_small_batches():
     shared = (1, 2)
     rows = [(shared + tuple(range(10 + 20 * i, 30 + 20 * i)), 88) for i in range(3)]   # 8 of 88 tokens shared
-    assert plan_shared_prefixes(rows, PAGE, torch.device("cpu"), POLICY, KVB) is None
+    assert plan_shared_prefixes(rows, PAGE, POLICY, KVB) is None
     one = [((1, 2, 3, 4), 15)]
-    assert plan_shared_prefixes(one, PAGE, torch.device("cpu"), POLICY, KVB) is None
+    assert plan_shared_prefixes(one, PAGE, POLICY, KVB) is None
 
 
 def test_planner_groups_rows_with_a_long_common_prefix():
     shared = (1, 2, 3, 4)
     rows = [(shared + (10 + i,), 18) for i in range(5)] + [((50, 51, 52), 10)]
-    plan = plan_shared_prefixes(rows, PAGE, torch.device("cpu"), POLICY, KVB)
+    plan = plan_shared_prefixes(rows, PAGE, POLICY, KVB)
     assert plan is not None and plan.num_groups == 1
     assert plan.row_shared_len.tolist() == [16] * 5 + [0]
 
@@ -59,7 +61,9 @@ def test_cascade_forward_matches_plain_decode(dtype, device):
     model.forward(build_forward_batch([(p[12:], 12, t, True) for p, t in zip(prompts[1:], tables[1:])],
                                       PAGE, device), kv)
     decode = [([p[-1] + 1], len(p), t, True) for p, t in zip(prompts, tables)]
-    plan = plan_shared_prefixes([(t, len(p) + 1) for p, t in zip(prompts, tables)], PAGE, device, POLICY, KVB)
+    plan = plan_shared_prefixes([(t, len(p) + 1) for p, t in zip(prompts, tables)], PAGE, POLICY, KVB)
+    assert plan is not None and plan.device.type == "cpu"    # the host plan; the runner moves it
+    plan = plan.to(device)
     assert plan is not None and plan.num_groups == 1
     plain = model.forward(build_forward_batch(decode, PAGE, device), kv)
     cascade_batch = build_forward_batch(decode, PAGE, device, cascade=plan)
@@ -73,5 +77,72 @@ def test_planner_leaves_small_reads_to_the_decode_graph():
     shared = (1, 2, 3, 4)
     rows = [(shared + (10 + i,), 18) for i in range(5)]
     strict = CascadePolicy(min_saved_fraction=0.25, min_batch=2, min_shared_pages=2, min_plain_read_gb=1.0)
-    assert plan_shared_prefixes(rows, PAGE, torch.device("cpu"), strict, 524288) is None        # 47 MB of KV
-    assert plan_shared_prefixes(rows, PAGE, torch.device("cpu"), strict, 2**30) is not None     # 90 GB of KV
+    assert plan_shared_prefixes(rows, PAGE, strict, 524288) is None        # 47 MB of KV
+    assert plan_shared_prefixes(rows, PAGE, strict, 2**30) is not None     # 90 GB of KV
+
+
+def test_graph_path_needs_only_the_saved_reads():
+    # In a cascade graph the extra kernels cost microseconds: no 40 GB rule, only the saved reads.
+    shared = (1, 2, 3, 4)
+    rows = [(shared + (10 + i,), 18) for i in range(5)]
+    policy = CascadePolicy(min_saved_fraction=0.25, min_batch=2, min_shared_pages=2, min_plain_read_gb=40.0,
+                           min_saved_read_gb_graph=1.0)
+    # 4 of 5 rows' 16 shared tokens saved = 64 tokens: 64 MiB per token saves 4.3 GB, 8 MiB only 0.5 GB
+    assert plan_shared_prefixes(rows, PAGE, policy, 2**26) is None                    # eager: < 40 GB read
+    assert plan_shared_prefixes(rows, PAGE, policy, 2**26, graph=True) is not None
+    assert plan_shared_prefixes(rows, PAGE, policy, 2**23, graph=True) is None        # saves < 1 GB
+
+
+def test_graph_plan_buffers_pad_rows_and_groups():
+    from kvshare_kernels.cascade_decode import plan_cascade
+
+    bufs = CascadePlanBuffers([8, 16], PAGE, max_members=4, max_shared_len=64, prefix_splits={8: 2, 16: 1},
+                              device=torch.device("cpu"))
+    table = [[1, 2, 3, 9], [1, 2, 3, 10], [1, 2, 3, 11], [5, 6, 7, 12], [5, 6, 7, 13]]
+    host = plan_cascade(torch.tensor(table, dtype=torch.int32), [15, 16, 14, 13, 16], PAGE, min_shared_pages=2,
+                        max_members=4)
+    assert host.num_groups == 2 and bufs.holds(host, 8) and bufs.covers(16) and not bufs.covers(4)
+    for _ in range(3):          # alternating staging copies give the same result each time
+        bufs.fill(host, 8)
+        g = bufs.plan(8)
+        assert (g.num_rows, g.num_groups, g.max_members, g.prefix_splits) == (8, max_groups(8), 4, 2)
+        assert g.row_shared_len.tolist() == host.row_shared_len.tolist() + [0, 0, 0]
+        assert g.group_shared_len.tolist() == host.group_shared_len.tolist() + [0, 0]
+        assert g.group_rows[:2].tolist() == host.group_rows.tolist()
+        assert (g.group_rows[2:] == -1).all()
+    wide = plan_cascade(torch.tensor([[1, 2, 3]] * 10, dtype=torch.int32), [13] * 10, PAGE, max_members=4)
+    assert wide.num_groups == 3 and not bufs.holds(wide, 8)     # 10 rows: not a batch-8 graph's plan
+    with pytest.raises(ValueError):
+        bufs.fill(wide, 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_graph_resident_plan_matches_plain_decode(dtype, device):
+    """What a cascade graph replays: persistent decode inputs and a plan padded with empty groups and
+    padding rows, against the plain eager decode of the live rows."""
+    device = torch.device(device)
+    config = NAMED_CONFIGS["tiny-llama"]
+    weights = random_weights(config, dtype=dtype, device=device, seed=5)
+    model = LlamaModel(config, weights, device=torch.device("cpu"), dtype=dtype, ops=triton_ops)
+    model.rope.cos, model.rope.sin = model.rope.cos.to(device), model.rope.sin.to(device)
+    g = torch.Generator().manual_seed(11)
+    system = torch.randint(3, 250, (16,), generator=g).tolist()          # 4 full shared pages
+    prompts = [system + torch.randint(3, 250, (n,), generator=g).tolist() for n in (1, 6, 3, 7, 2)]
+    tables = [[0, 1, 2, 3, 4 + 2 * i, 5 + 2 * i] for i in range(len(prompts))]
+    kv = KVCache.allocate(config, num_pages=20, page_size=PAGE, dtype=dtype, device=device)
+    model.forward(build_forward_batch([(prompts[0], 0, tables[0], True)], PAGE, device), kv)
+    model.forward(build_forward_batch([(p[16:], 16, t, True) for p, t in zip(prompts[1:], tables[1:])],
+                                      PAGE, device), kv)
+    decode = [([p[-1] + 1], len(p), t, True) for p, t in zip(prompts, tables)]
+    plain = model.forward(build_forward_batch(decode, PAGE, device, decode_max_context=32), kv)
+    plan = plan_shared_prefixes([(t, len(p) + 1) for p, t in zip(prompts, tables)], PAGE, POLICY, KVB, graph=True)
+    assert plan is not None and plan.num_groups == 1
+    inputs = DecodeInputBuffers(max_batch=8, pages_per_seq=8, page_size=PAGE, device=device)
+    plans = CascadePlanBuffers([8], PAGE, max_members=16, max_shared_len=32, prefix_splits={8: 2}, device=device)
+    inputs.fill([(p[-1] + 1, len(p), t) for p, t in zip(prompts, tables)], 8)
+    plans.fill(plan, 8)
+    batch = inputs.forward_batch(8, max_context=32)
+    cascaded = model.forward(type(batch)(**{**batch.__dict__, "cascade": plans.plan(8)}), kv)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(cascaded[:5], plain, rtol=tol, atol=tol)
+    assert cascaded[5:].isfinite().all()

@@ -46,7 +46,7 @@ def test_fill_writes_live_rows_pads_and_copies_once():
     # A smaller step afterwards re-pads the rows the previous step used.
     buf.fill(rows[:1], 2)
     assert buf.input_ids[:2].tolist() == [11, 0] and buf.slot_mapping[:2].tolist() == [13, -1]
-    assert buf.context_lens[:3].tolist() == [6, 0, 13]   # row 2 is outside batch 2: never read
+    assert buf.context_lens[:2].tolist() == [6, 0]   # row 2 is outside batch 2: never read
     fb = buf.forward_batch(2, max_context=16)
     assert fb.decode_only and fb.num_tokens == 2 and fb.page_table.shape == (2, 4)
     assert fb.logits_indices.tolist() == [0, 1] and fb.max_context == 16

@@ -39,3 +39,43 @@ def test_graphs_sample_on_the_device():
               SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)]
     out = _generate(True, prompts, params)
     assert all(len(t) == 8 and all(0 <= x < 256 for x in t) for t in out)
+
+
+def test_cascade_graphs_equal_plain_graphs_on_shared_prompts():
+    """Rows sharing a system prompt's pages replay the cascade decode graphs; same greedy tokens."""
+    from collections import Counter
+
+    from kvshare.runtime.cascade_planner import CascadePolicy
+
+    g = torch.Generator().manual_seed(5)
+    system = torch.randint(3, 250, (24,), generator=g).tolist()            # 6 full pages of 4
+    prompts = [system + torch.randint(3, 250, (n,), generator=g).tolist() for n in (3, 5, 2, 7, 4, 6)]
+
+    def run(cascade: bool) -> tuple[list[list[int]], Counter]:
+        e = LLMEngine(EngineConfig(model="dummy:tiny-llama", device="cuda", num_pages=256, page_size=4, max_running=8,
+                                   max_step_tokens=256, max_prefill_chunk=64, cascade_attention=cascade))
+        if cascade:   # the tiny model reads kilobytes: drop the byte thresholds, keep the graphs' batch sizes
+            e.runner.cascade = CascadePolicy(min_batch=4, min_shared_pages=2, min_saved_read_gb_graph=0.0)
+        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+        out: dict[str, list[int]] = {}
+        paths: Counter = Counter()
+
+        def step() -> None:
+            for o in e.step():
+                out.setdefault(o.request_id, []).extend(o.token_ids)
+            paths[e.runner.last_path] += 1
+
+        e.add_request("0", prompts[0], params)
+        while "0" not in out:          # the system prompt's pages are computed (and cached) once
+            step()
+        for i, p in enumerate(prompts[1:], 1):
+            e.add_request(str(i), p, params)
+        while e.has_work:
+            step()
+        assert e.stats().pool.active == 0
+        return [out[str(i)] for i in range(len(prompts))], paths
+
+    with_cascade, paths = run(True)
+    plain, plain_paths = run(False)
+    assert paths["cascade-graph"] > 0 and plain_paths["cascade-graph"] == 0
+    assert with_cascade == plain

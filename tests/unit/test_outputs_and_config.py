@@ -32,6 +32,19 @@ def test_engine_config_from_strings_and_errors():
         EngineConfig.from_mapping({"max_running": "many"})
 
 
+@pytest.mark.parametrize("raw, parsed", [("none", None), ("", None), ("true", True), ("False", False)])
+def test_overlap_schedule_parses_as_optional_bool(raw, parsed):
+    assert EngineConfig.from_mapping({"overlap_schedule": raw}).overlap_schedule is parsed
+    with pytest.raises(ValueError, match="overlap_schedule"):
+        EngineConfig.from_mapping({"overlap_schedule": "sometimes"})
+
+
+def test_overlap_defaults_on_for_cuda_only_and_explicit_values_win():
+    assert [EngineConfig(device=d).overlap_enabled for d in ("cpu", "cuda", "cuda:1")] == [False, True, True]
+    assert EngineConfig(device="cuda", overlap_schedule=False).overlap_enabled is False
+    assert EngineConfig(device="cpu", overlap_schedule=True).overlap_enabled is True
+
+
 def test_committed_model_repository_matches_its_generator(tmp_path):
     spec = importlib.util.spec_from_file_location("gen", ROOT / "scripts" / "generate_model_repository.py")
     gen = importlib.util.module_from_spec(spec)

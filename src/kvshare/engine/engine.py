@@ -77,7 +77,7 @@ class LLMEngine:
         cascade = CascadePolicy() if config.cascade_attention and self.device.type == "cuda" else None
         self.runner = ModelRunner(model, self.kv, Sampler(loaded.config.eos_token_ids, seed=config.seed), self.device,
                                   max_model_len=self.max_model_len, graph_batch_sizes=graph_sizes, cascade=cascade,
-                                  max_rows=config.max_running, overlap=config.overlap_schedule)
+                                  max_rows=config.max_running, overlap=config.overlap_enabled)
         self._pending: _PendingStep | None = None    # overlap scheduling: the launched, unresolved step
         self._seq_ids = itertools.count()
         self._by_request: dict[str, RequestState] = {}
@@ -164,7 +164,7 @@ class LLMEngine:
         if not plan.chunks:
             self.last_step = StepShape(0, 0, "none")
             return outputs + self._resolve_pending()
-        overlap = self.config.overlap_schedule and self._overlap_eligible(plan)
+        overlap = self.config.overlap_enabled and self._overlap_eligible(plan)
         if not overlap:
             outputs += self._resolve_pending()   # this step needs every token on the host
         self.runner.copy_pages([(c.src, c.dst) for c in plan.copies])

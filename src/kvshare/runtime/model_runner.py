@@ -2,8 +2,9 @@
 
 Decode-only steps replay a CUDA graph when one is captured (CudaGraphRunner); prefill and mixed
 steps, and every step on the CPU, run the forward eagerly from a ForwardBatch built on the host.
-A decode step whose rows share many prefix pages runs eagerly with cascade attention instead
-(cascade_planner: the shared pages are read once per group).
+A decode step whose rows share enough prefix pages (cascade_planner) runs with cascade attention
+(the shared pages are read once per group): in the batch's cascade graph when there is one, else
+eagerly.
 """
 from __future__ import annotations
 
@@ -69,8 +70,10 @@ class ModelRunner:
         self.decode_context = max_model_len or model.config.max_position
         self.graphs: CudaGraphRunner | None = None
         if device.type == "cuda" and graph_batch_sizes:
-            self.graphs = CudaGraphRunner(model, kv, graph_batch_sizes, self.decode_context, device,
-                                          future_ids=self.last_ids if overlap else None)
+            self.graphs = CudaGraphRunner(
+                model, kv, graph_batch_sizes, self.decode_context, device, future_ids=self.last_ids if overlap else None,
+                cascade_min_batch=cascade.min_batch if cascade is not None else None,
+                cascade_members=cascade.max_members if cascade is not None else 16)
             self.graphs.capture()
 
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
@@ -109,13 +112,20 @@ class ModelRunner:
     def _forward(self, chunks: Sequence[ChunkInput], num_sampling: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """fp32 logits of the sampling rows, and their argmax when a decode graph computed it."""
         plan = None
+        fits = self._graph_fits(chunks, num_sampling)
         if self.cascade is not None and all(len(c.token_ids) == 1 for c in chunks):
+            in_graph = fits and self.graphs.has_cascade_graph(len(chunks))
             plan = plan_shared_prefixes([(c.page_table, c.start + 1) for c in chunks], self.kv.page_size,
-                                        self.device, self.cascade, self._kv_bytes_per_token)
-        if plan is None and self._graph_fits(chunks, num_sampling):
+                                        self.cascade, self._kv_bytes_per_token, graph=in_graph)
+            if plan is not None and in_graph:
+                self.last_path = "cascade-graph"
+                return self.graphs.run([(c.token_ids[0], c.start, c.page_table) for c in chunks], plan=plan)
+        if plan is None and fits:
             self.last_path = "graph"
             return self.graphs.run([(c.token_ids[0], c.start, c.page_table) for c in chunks])
         self.last_path = "eager" if plan is None else "cascade"
+        if plan is not None:
+            plan = plan.to(self.device)
         decode_bound = self.decode_context if self.device.type == "cuda" else None
         batch = build_forward_batch(
             [(list(c.token_ids), c.start, list(c.page_table), c.sampling is not None) for c in chunks],
