@@ -5,10 +5,9 @@
 #   2. shared-prefix, the whole trace (64 groups x 16 requests, 2048-token system prompt + 128-token
 #      question, 256 out), sent at once: kvshare (sharing, cascade graphs, cache_aware admission) vs
 #      the same engine without sharing, 100 GB pool, 256 running at most, step profiles;
-#   3. what cascade attention adds: the trace's first 256 requests with sharing, cascade on vs off;
-#   4. (part fixed) fixed-256 after the mixed-step split, with 4096 and 8192 tokens per step.
+#   3. what cascade attention adds: the trace's first 256 requests with sharing, cascade on vs off.
 #
-#   bash perf/gpu/shared_prefix_gpu.sh [tests|full|attribution|fixed|all]
+#   bash perf/gpu/shared_prefix_gpu.sh [tests|full|attribution|all]
 PART=${1:-all}
 OUT_DEFAULT=/tmp/kvshare-shared-out
 source "$(dirname "$0")/gpu_env.sh"
@@ -28,10 +27,4 @@ if [ "$PART" = attribution ] || [ "$PART" = all ]; then
       --json "$OUT/shared_256_nocascade.json" 2>&1 | quiet | grep -E "^shared|rc=|^   " | tee "$OUT/shared_256_nocascade.log"
   stage timeout 100 $OFFLINE_7B --workloads shared-prefix:256: $SP \
       --json "$OUT/shared_256.json" 2>&1 | quiet | grep -E "^shared|rc=|^   " | tee "$OUT/shared_256.log"
-fi
-if [ "$PART" = fixed ]; then
-  for T in 4096 8192; do
-    stage timeout 80 $OFFLINE_7B --workloads fixed-256:256: --max-step-tokens $T --step-profile \
-        --json "$OUT/fixed256_step$T.json" 2>&1 | quiet | grep -E "^fixed|rc=|^   " | tee "$OUT/fixed256_step$T.log"
-  done
 fi

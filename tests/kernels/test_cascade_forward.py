@@ -89,8 +89,8 @@ def test_graph_path_needs_only_the_saved_reads():
                            min_saved_read_gb_graph=1.0)
     # 4 of 5 rows' 16 shared tokens saved = 64 tokens: 64 MiB per token saves 4.3 GB, 8 MiB only 0.5 GB
     assert plan_shared_prefixes(rows, PAGE, policy, 2**26) is None                    # eager: < 40 GB read
-    assert plan_shared_prefixes(rows, PAGE, policy, 2**26, cheap_launches=True) is not None
-    assert plan_shared_prefixes(rows, PAGE, policy, 2**23, cheap_launches=True) is None        # saves < 1 GB
+    assert plan_shared_prefixes(rows, PAGE, policy, 2**26, graph=True) is not None
+    assert plan_shared_prefixes(rows, PAGE, policy, 2**23, graph=True) is None        # saves < 1 GB
 
 
 def test_graph_plan_buffers_pad_rows_and_groups():
@@ -135,8 +135,7 @@ def test_graph_resident_plan_matches_plain_decode(dtype, device):
                                       PAGE, device), kv)
     decode = [([p[-1] + 1], len(p), t, True) for p, t in zip(prompts, tables)]
     plain = model.forward(build_forward_batch(decode, PAGE, device, decode_max_context=32), kv)
-    plan = plan_shared_prefixes([(t, len(p) + 1) for p, t in zip(prompts, tables)], PAGE, POLICY, KVB,
-                                cheap_launches=True)
+    plan = plan_shared_prefixes([(t, len(p) + 1) for p, t in zip(prompts, tables)], PAGE, POLICY, KVB, graph=True)
     assert plan is not None and plan.num_groups == 1
     inputs = DecodeInputBuffers(max_batch=8, pages_per_seq=8, page_size=PAGE, device=device)
     plans = CascadePlanBuffers([8], PAGE, max_members=16, max_shared_len=32, prefix_splits={8: 2}, device=device)
@@ -147,51 +146,3 @@ def test_graph_resident_plan_matches_plain_decode(dtype, device):
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(cascaded[:5], plain, rtol=tol, atol=tol)
     assert cascaded[5:].isfinite().all()
-
-
-@pytest.mark.parametrize("with_plan", [False, True], ids=["decode-kernel", "cascade"])
-def test_split_mixed_batch_matches_one_prefill_kernel(with_plan, device):
-    """A mixed step: new prompts' chunks first, then decode rows sharing a system prompt. Split, the
-    decode rows go through the decode (or cascade) kernel; the logits equal the one-kernel batch's."""
-    device = torch.device(device)
-    dtype = torch.float32
-    config = NAMED_CONFIGS["tiny-llama"]
-    weights = random_weights(config, dtype=dtype, device=device, seed=9)
-    model = LlamaModel(config, weights, device=torch.device("cpu"), dtype=dtype, ops=triton_ops)
-    model.rope.cos, model.rope.sin = model.rope.cos.to(device), model.rope.sin.to(device)
-    g = torch.Generator().manual_seed(13)
-    system = torch.randint(3, 250, (12,), generator=g).tolist()          # 3 full shared pages
-    olds = [system + torch.randint(3, 250, (n,), generator=g).tolist() for n in (2, 5, 3, 6)]
-    old_tables = [[0, 1, 2, 3 + 3 * i, 4 + 3 * i, 5 + 3 * i] for i in range(len(olds))]
-    news = [torch.randint(3, 250, (n,), generator=g).tolist() for n in (7, 1, 9)]   # a 1-token prompt too
-    new_tables = [[20, 21, 22], [23], [24, 25, 26]]
-
-    def prefilled() -> KVCache:
-        kv = KVCache.allocate(config, num_pages=32, page_size=PAGE, dtype=dtype, device=device)
-        model.forward(build_forward_batch([(olds[0], 0, old_tables[0], True)], PAGE, device), kv)
-        model.forward(build_forward_batch([(p[12:], 12, t, True) for p, t in zip(olds[1:], old_tables[1:])],
-                                          PAGE, device), kv)
-        return kv
-
-    chunks = [(p, 0, t, True) for p, t in zip(news, new_tables)] + \
-             [([p[-1] + 1], len(p), t, True) for p, t in zip(olds, old_tables)]
-    one = model.forward(build_forward_batch(chunks, PAGE, device), prefilled())
-    plan = None
-    if with_plan:
-        plan = plan_shared_prefixes([(t, len(p) + 1) for p, t in zip(olds, old_tables)], PAGE, POLICY, KVB,
-                                    cheap_launches=True)
-        assert plan is not None and plan.num_groups == 1
-        plan = plan.to(device)
-    batch = build_forward_batch(chunks, PAGE, device, decode_max_context=32, cascade=plan, split_decode=True)
-    assert batch.decode_from == 3 and batch.decode_max_context == 32 and (batch.cascade is plan)
-    split = model.forward(batch, prefilled())
-    torch.testing.assert_close(split, one, rtol=1e-4, atol=1e-4)
-
-
-def test_split_needs_trailing_one_token_rows():
-    chunks = [([1, 2, 3], 0, [0], True), ([4], 3, [1], True), ([5, 6], 0, [2], True)]
-    cpu = torch.device("cpu")
-    assert build_forward_batch(chunks, PAGE, cpu, split_decode=True).decode_from is None
-    assert build_forward_batch(chunks[:2], PAGE, cpu, split_decode=True).decode_from == 1
-    assert build_forward_batch(chunks[:2], PAGE, cpu).decode_from is None            # not asked
-    assert build_forward_batch(chunks[1:2], PAGE, cpu, split_decode=True).decode_from is None   # decode only

@@ -5,10 +5,9 @@ kernels (kvshare_kernels.cascade_decode) then read those pages once per group in
 request. The price is a planning cost on the host (~0.2 ms at batch 256) and three extra kernels per
 layer. Two ways to run it:
 
-- inside a captured *cascade* decode graph (CudaGraphRunner, batch sizes of the ladder), or for the
-  decode rows of a mixed step (its prefill GEMMs dwarf the launches): the extra kernels cost a few
-  microseconds each, so the plan only has to save ``min_saved_read_gb_graph`` of KV reads per step
-  (~0.25 ms of HBM time per GB) and ``min_saved_fraction`` of the context;
+- inside a captured *cascade* decode graph (CudaGraphRunner, batch sizes of the ladder): the extra
+  kernels cost a few microseconds each, so the plan only has to save ``min_saved_read_gb_graph``
+  of KV reads per step (~0.25 ms of HBM time per GB) and ``min_saved_fraction`` of the context;
 - eagerly (no graph fits: more groups than the graph holds, or no graphs): ~15-25 ms of launches per
   step on the H200 host, so a step goes there only when the plain decode would read so much KV that
   the GPU, not the launches, sets the pace (``min_plain_read_gb``). Measured on the H200: seed-hot10
@@ -33,18 +32,17 @@ class CascadePolicy:
 
 
 def plan_shared_prefixes(rows: Sequence[tuple[Sequence[int], int]], page_size: int, policy: CascadePolicy,
-                         kv_bytes_per_token: int, *, cheap_launches: bool = False):
+                         kv_bytes_per_token: int, *, graph: bool = False):
     """rows: (page table, context length after this step) per decode row -> a host CascadePlan or None.
 
     kv_bytes_per_token: K+V bytes of one token over all layers (what the plain decode reads per token).
-    cheap_launches: the cascade kernels' launches cost little next to the step: a cascade decode graph
-    replays it, or the rows ride in a mixed step whose prefill dominates (see the module docstring).
+    graph: a cascade decode graph can run this batch (the cheaper path; see the module docstring).
     """
     n = len(rows)
     if n < policy.min_batch:
         return None
     total_tokens = sum(c for _, c in rows)
-    if not cheap_launches and total_tokens * kv_bytes_per_token < policy.min_plain_read_gb * 1e9:
+    if not graph and total_tokens * kv_bytes_per_token < policy.min_plain_read_gb * 1e9:
         return None
     firsts = {pt[0] for pt, _ in rows if pt}
     if len(firsts) == n:          # no two rows start on the same page: nothing is shared (the common case)
@@ -64,6 +62,6 @@ def plan_shared_prefixes(rows: Sequence[tuple[Sequence[int], int]], page_size: i
     saved = int(plan.row_shared_len.sum()) - plan.shared_tokens_read()
     if saved < policy.min_saved_fraction * total_tokens:
         return None
-    if cheap_launches and saved * kv_bytes_per_token < policy.min_saved_read_gb_graph * 1e9:
+    if graph and saved * kv_bytes_per_token < policy.min_saved_read_gb_graph * 1e9:
         return None
     return plan

@@ -22,13 +22,7 @@ class ForwardBatch:
     decode_only: bool              # every chunk is one token: the decode kernel applies
     max_query_len: int
     max_context: int
-    # decode rows sharing prefix pages read them once per group: the plan of every row of a decode-only
-    # batch, or of the trailing decode rows of a split mixed batch (row i = chunk decode_from + i)
-    cascade: "CascadePlan | None" = None
-    # Mixed batch (CUDA): chunks [decode_from, B) are one-token decode rows whose attention runs in the
-    # decode kernel (split-K, or cascade) instead of the prefill kernel; None: one kernel for all.
-    decode_from: int | None = None
-    decode_max_context: int = 0    # the decode kernel's split-K bound for those rows
+    cascade: "CascadePlan | None" = None   # decode only: rows sharing prefix pages read them once per group
 
     @property
     def num_tokens(self) -> int:
@@ -37,14 +31,11 @@ class ForwardBatch:
 
 def build_forward_batch(chunks: list[tuple[list[int], int, list[int], bool]], page_size: int,
                         device: torch.device, *, decode_max_context: int | None = None,
-                        cascade: "CascadePlan | None" = None, split_decode: bool = False) -> ForwardBatch:
-    """chunks: (token ids to compute, start position, the sequence's page table, wants logits); prefill
-    chunks first, then one-token decode rows (the scheduler's order).
+                        cascade: "CascadePlan | None" = None) -> ForwardBatch:
+    """chunks: (token ids to compute, start position, the sequence's page table, wants logits).
 
-    decode_max_context: for decode rows, the bound handed to the decode kernel's split-K heuristic
-    instead of the batch's own longest context (CUDA graphs fix it; see cuda_graph_runner).
-    split_decode: in a mixed batch, the trailing decode rows go through the decode kernel (and
-    ``cascade``, a plan of those rows); the prefill kernel would read their context one query at a time.
+    decode_max_context: for a decode-only batch, the bound handed to the decode kernel's split-K
+    heuristic instead of the batch's own longest context (CUDA graphs fix it; see cuda_graph_runner).
     """
     ids: list[int] = []
     positions: list[int] = []
@@ -70,15 +61,6 @@ def build_forward_batch(chunks: list[tuple[list[int], int, list[int], bool]], pa
     max_context = max(ctx, default=0)
     if decode_only and decode_max_context is not None:
         max_context = max(max_context, decode_max_context)
-    decode_from = None
-    if split_decode and not decode_only:
-        decode_from = len(chunks)
-        while decode_from > 0 and len(chunks[decode_from - 1][0]) == 1:
-            decode_from -= 1
-        if decode_from == len(chunks):
-            decode_from = None      # no trailing one-token rows (a one-token prefill chunk is one too:
-                                    # the decode kernel computes exactly its attention)
-    split_bound = max(ctx[decode_from:], default=0) if decode_from is not None else 0
     return ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device),
@@ -90,7 +72,5 @@ def build_forward_batch(chunks: list[tuple[list[int], int, list[int], bool]], pa
         decode_only=decode_only,
         max_query_len=max((len(t) for t, _, _, _ in chunks), default=0),
         max_context=max_context,
-        cascade=cascade if decode_only or decode_from is not None else None,
-        decode_from=decode_from,
-        decode_max_context=max(split_bound, decode_max_context or 0),
+        cascade=cascade if decode_only else None,
     )

@@ -98,8 +98,6 @@ class LlamaModel:
         return self.rope(positions, q, k)
 
     def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, b: ForwardBatch) -> torch.Tensor:
-        if b.decode_from is not None:
-            return self._split_attention(q, k_cache, v_cache, b)
         if b.cascade is not None:
             return self.ops.cascade_decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, b.cascade,
                                                      self.scale, max_context=b.max_context)
@@ -108,20 +106,3 @@ class LlamaModel:
                                                    max_context=b.max_context)
         return self.ops.paged_prefill_attention(q, k_cache, v_cache, b.page_table, b.query_start_loc, b.context_lens,
                                                 self.scale, max_query_len=b.max_query_len)
-
-    def _split_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         b: ForwardBatch) -> torch.Tensor:
-        """A mixed batch: prefill chunks [0, p) in the prefill kernel, decode rows [p, B) in the decode
-        (or cascade) kernel, both into one output; row views, no copies."""
-        p = b.decode_from
-        t_p = b.num_tokens - (b.page_table.shape[0] - p)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        self.ops.paged_prefill_attention(q[:t_p], k_cache, v_cache, b.page_table[:p], b.query_start_loc[:p + 1],
-                                         b.context_lens[:p], self.scale, out[:t_p], max_query_len=b.max_query_len)
-        if b.cascade is not None:
-            self.ops.cascade_decode_attention(q[t_p:], k_cache, v_cache, b.page_table[p:], b.context_lens[p:], b.cascade,
-                                              self.scale, out[t_p:], max_context=b.decode_max_context)
-        else:
-            self.ops.paged_decode_attention(q[t_p:], k_cache, v_cache, b.page_table[p:], b.context_lens[p:], self.scale,
-                                            out[t_p:], max_context=b.decode_max_context)
-        return out

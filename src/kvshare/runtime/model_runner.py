@@ -113,29 +113,23 @@ class ModelRunner:
         """fp32 logits of the sampling rows, and their argmax when a decode graph computed it."""
         plan = None
         fits = self._graph_fits(chunks, num_sampling)
-        decode_from = _trailing_one_token_rows(chunks)
-        cuda = self.device.type == "cuda"
-        if self.cascade is not None and decode_from == 0:
+        if self.cascade is not None and all(len(c.token_ids) == 1 for c in chunks):
             in_graph = fits and self.graphs.has_cascade_graph(len(chunks))
             plan = plan_shared_prefixes([(c.page_table, c.start + 1) for c in chunks], self.kv.page_size,
-                                        self.cascade, self._kv_bytes_per_token, cheap_launches=in_graph)
+                                        self.cascade, self._kv_bytes_per_token, graph=in_graph)
             if plan is not None and in_graph:
                 self.last_path = "cascade-graph"
                 return self.graphs.run([(c.token_ids[0], c.start, c.page_table) for c in chunks], plan=plan)
         if plan is None and fits:
             self.last_path = "graph"
             return self.graphs.run([(c.token_ids[0], c.start, c.page_table) for c in chunks])
-        elif self.cascade is not None and len(chunks) - decode_from >= self.cascade.min_batch:
-            # A mixed step's decode rows: the prefill's GEMMs dwarf three more launches per layer.
-            plan = plan_shared_prefixes([(c.page_table, c.start + 1) for c in chunks[decode_from:]],
-                                        self.kv.page_size, self.cascade, self._kv_bytes_per_token, cheap_launches=True)
         self.last_path = "eager" if plan is None else "cascade"
         if plan is not None:
             plan = plan.to(self.device)
-        decode_bound = self.decode_context if cuda else None
+        decode_bound = self.decode_context if self.device.type == "cuda" else None
         batch = build_forward_batch(
             [(list(c.token_ids), c.start, list(c.page_table), c.sampling is not None) for c in chunks],
-            self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan, split_decode=cuda)
+            self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan)
         if any(len(c.token_ids) == 1 and c.token_ids[0] < 0 for c in chunks):
             batch = replace(batch, input_ids=resolve_future_ids(batch.input_ids, self.last_ids))
         return self.model.forward(batch, self.kv), None
@@ -146,11 +140,3 @@ class ModelRunner:
             return False
         fits = g.buffers.fits
         return all(fits(c.token_ids, c.page_table) for c in chunks)
-
-
-def _trailing_one_token_rows(chunks: Sequence[ChunkInput]) -> int:
-    """Index of the first of the trailing one-token chunks (decode rows); 0: a decode-only step."""
-    i = len(chunks)
-    while i > 0 and len(chunks[i - 1].token_ids) == 1:
-        i -= 1
-    return i
