@@ -109,7 +109,7 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
     cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
                        kv_cache_memory_gb=args.kv_gb, max_running=args.max_running or max(trace.concurrency or 64, 1),
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
-                       enable_prefix_caching=sharing, overlap_schedule=args.overlap, cascade_attention=args.cascade,
+                       enable_prefix_caching=sharing, overlap_schedule=args.overlap, cascade_attention=args.cascade, eviction=args.eviction,
                        **({"admission": args.admission} if args.admission else {}))
     engine = LLMEngine(cfg, loaded=loaded)
     warm_up(engine, trace, loaded.config.vocab_size)
@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="kvshare rows only: sample at this temperature (0 = greedy, as the HF baselines)")
     ap.add_argument("--top-k", type=int, default=0, help="kvshare rows only: top-k when sampling")
+    ap.add_argument("--eviction", default="lru", help="prefix-cache eviction policy: lru | lfu | fifo | second-chance")
     ap.add_argument("--cascade", action=argparse.BooleanOptionalAction, default=True,
                     help="cascade (shared-prefix) decode attention on CUDA (EngineConfig.cascade_attention)")
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     # Non-default engine settings go into the row label, so result files say what ran.
     settings = [f"{args.admission}" if args.admission else "", overlap_label(args.overlap),
-                "" if args.cascade else "no cascade",
+                "" if args.cascade else "no cascade", "" if args.eviction == "lru" else args.eviction,
                 f"T={args.temperature:g}" if args.temperature else "", f"top-k {args.top_k}" if args.top_k else ""]
     variant = f" ({', '.join(x for x in settings if x)})" if any(settings) else ""
     for name, max_requests, baselines in specs:

@@ -11,7 +11,7 @@
 PART=${1:-all}
 OUT_DEFAULT=/tmp/kvshare-shared-out
 source "$(dirname "$0")/gpu_env.sh"
-SP="--open-loop --max-running 256 --admission cache_aware --kv-gb ${KV_GB:-100} --step-profile"
+SP="--open-loop --max-running 256 --admission cache_aware --kv-gb ${KV_GB:-100} --step-profile ${SP_EXTRA:-}"
 
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 if [ "$PART" = tests ] || [ "$PART" = all ]; then
