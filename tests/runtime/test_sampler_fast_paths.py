@@ -279,3 +279,43 @@ def test_greedy_ids_from_the_graph_stay_for_greedy_rows_of_a_sampled_batch():
     out = Sampler((2,))(logits, rows, greedy_ids=graph_ids)
     assert out[0] == 7 and out[2] == 9
     assert out[1] == int(logits[1].argmax()) and out[3] == int(logits[3].argmax())
+
+
+# The H200 sampler benchmark (perf/gpu/results-validate-s3/sampler.log): batch, vocab, mode, whether
+# the grouped paths beat the one sort. use_one_sort must pick the faster side at every measured point.
+_H200 = [(12, 32000, "top_k", False), (64, 32000, "top_k", False), (256, 32000, "top_k", True),
+         (12, 128256, "top_k", False), (64, 128256, "top_k", True), (256, 128256, "top_k", True),
+         (12, 32000, "mixed", False), (64, 32000, "mixed", False), (256, 32000, "mixed", False),
+         (12, 128256, "mixed", False), (64, 128256, "mixed", False), (256, 128256, "mixed", True)]
+_SPLIT = {"temperature": (4, 0, 0), "top_k": (0, 4, 0), "top_p": (0, 0, 4), "mixed": (1, 2, 1)}   # rows per path, of 4
+
+
+@pytest.mark.parametrize("batch,vocab,mode,grouped_faster", _H200 + [
+    (b, v, m, True) for b in (12, 64, 256) for v in (32000, 128256) for m in ("temperature", "top_p")])
+def test_one_sort_on_cuda_exactly_where_it_was_faster(batch, vocab, mode, grouped_faster):
+    n_t, n_w, n_s = (batch * k // 4 for k in _SPLIT[mode])
+    assert sampler_mod.use_one_sort("cuda", n_t, n_w, n_s, vocab) is (not grouped_faster)
+    assert sampler_mod.use_one_sort("cpu", n_t, n_w, n_s, vocab) is False      # the CPU groups always
+
+
+def test_one_sort_keeps_each_rows_semantics(monkeypatch):
+    """What CUDA runs for a small mixed batch: every random row through sample_batched."""
+    monkeypatch.setattr(sampler_mod, "use_one_sort", lambda *a: True)
+    calls = []
+    real = sampler_mod.sample_batched
+    monkeypatch.setattr(sampler_mod, "sample_batched", lambda logits, *a, **k: calls.append(logits.shape[0]) or
+                        real(logits, *a, **k))
+    kinds = [SamplingParams(temperature=0.8), SamplingParams(temperature=1.2, top_k=3),
+             SamplingParams(temperature=1.0, top_p=0.6), SamplingParams(temperature=0.0)]
+    copies = 4000
+    logits = _SMALL[None].repeat(len(kinds) * copies, 1)
+    out = sample_grouped(logits, kinds * copies, torch.Generator().manual_seed(2))
+    assert calls == [3 * copies]                       # one sort for the random rows, greedy kept
+    for j, params in enumerate(kinds):
+        drawn = out[j::len(kinds)]
+        if params.greedy:
+            assert bool((drawn == _SMALL.argmax()).all())
+            continue
+        ref = _reference_probs(_SMALL[None], [params])[0].double()
+        counts = torch.bincount(drawn, minlength=_SMALL.shape[0]).double()
+        assert counts[ref == 0].sum() == 0 and _chi2_ok(counts, ref)

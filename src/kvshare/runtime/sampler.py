@@ -4,7 +4,8 @@ Greedy rows cost one argmax and one small device->host copy (the step's only syn
 when the CUDA graph already computed the argmax, only the copy. Unseeded random rows are drawn
 together on the logits' device (sample_grouped), by the cheapest path that keeps their
 distribution: pure temperature rows race on the raw logits (no sort, no softmax), top-k rows inside
-a torch.topk window, and only top-p-without-top-k rows sort the whole vocabulary (sample_batched).
+a torch.topk window, and only top-p-without-top-k rows sort the whole vocabulary (sample_batched);
+on CUDA small batches of top-k or mixed rows take the one sort, which launches fewer kernels.
 Rows with a per-request seed keep a per-row draw from their own CPU generator, so a seeded
 request's tokens do not depend on its batch; penalties and min_tokens are applied per row as well
 (the slower path).
@@ -22,6 +23,24 @@ from ..sampling_params import SamplingParams
 # Rows with a larger top_k sort the vocabulary instead: a wide topk costs about as much as a sort,
 # and every row of the top-k group pays for the group's widest window.
 TOP_K_WINDOW_MAX = 1024
+# On CUDA the grouped paths launch more kernels than one sort, which wins at small sizes (H200,
+# perf/gpu/results-validate-s3/sampler.log, rows x vocab): a batch of top-k rows only is faster in the
+# window from ~8M logits (64 x 128k: 1.9x; 12 x 32k: 0.7x), a batch mixing paths from ~32M (256 x 128k:
+# 1.7x; 256 x 32k: 0.6x). Pure temperature rows race on the raw logits at any size (4.7-8.9x); on the
+# CPU every grouped path wins (12-26x).
+CUDA_WINDOW_MIN_LOGITS = 8_000_000
+CUDA_MIXED_MIN_LOGITS = 32_000_000
+
+
+def use_one_sort(device_type: str, num_temperature: int, num_window: int, num_sort: int, vocab: int) -> bool:
+    """Whether to draw every random row by the full sort (sample_batched) instead of by path."""
+    if device_type != "cuda":
+        return False
+    paths = (num_temperature > 0) + (num_window > 0) + (num_sort > 0)
+    logits = (num_temperature + num_window + num_sort) * vocab
+    if paths > 1:
+        return logits < CUDA_MIXED_MIN_LOGITS
+    return num_window > 0 and logits < CUDA_WINDOW_MIN_LOGITS
 
 
 @dataclass(frozen=True)
@@ -165,6 +184,8 @@ def sample_grouped(logits: torch.Tensor, params: Sequence[SamplingParams | None]
             sort_rows.append(i)
         else:
             temp_rows.append(i)
+    if use_one_sort(logits.device.type, len(temp_rows), len(window_rows), len(sort_rows), vocab):
+        temp_rows, window_rows, sort_rows = [], [], sorted(temp_rows + window_rows + sort_rows)
     picked = temp_rows + window_rows + sort_rows
     if not picked:
         return base if base is not None else logits.argmax(dim=-1)
