@@ -43,23 +43,31 @@ def test_planner_groups_rows_with_a_long_common_prefix():
     assert plan.row_shared_len.tolist() == [16] * 5 + [0]
 
 
+def _prefilled_shared_prefix(dtype, device, *, seed: int, system_pages: int, suffixes: tuple[int, ...]):
+    """A tiny model and a cache holding one system prompt's pages (computed once, by the first request)
+    and each request's own tokens after it; pages 0.. are the system's, then two or three per request."""
+    config = NAMED_CONFIGS["tiny-llama"]
+    weights = random_weights(config, dtype=dtype, device=device, seed=seed)
+    model = LlamaModel(config, weights, device=torch.device("cpu"), dtype=dtype, ops=triton_ops)
+    model.rope.cos, model.rope.sin = model.rope.cos.to(device), model.rope.sin.to(device)
+    g = torch.Generator().manual_seed(seed + 4)
+    n_sys = system_pages * PAGE
+    system = torch.randint(3, 250, (n_sys,), generator=g).tolist()
+    prompts = [system + torch.randint(3, 250, (n,), generator=g).tolist() for n in suffixes]
+    own = 2 if max(suffixes) + 1 <= 2 * PAGE else 3
+    tables = [list(range(system_pages)) + [system_pages + own * i + j for j in range(own)] for i in range(len(prompts))]
+    kv = KVCache.allocate(config, num_pages=system_pages + own * len(prompts) + 2, page_size=PAGE, dtype=dtype,
+                          device=device)
+    model.forward(build_forward_batch([(prompts[0], 0, tables[0], True)], PAGE, device), kv)
+    model.forward(build_forward_batch([(p[n_sys:], n_sys, t, True) for p, t in zip(prompts[1:], tables[1:])],
+                                      PAGE, device), kv)
+    return model, kv, prompts, tables
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_cascade_forward_matches_plain_decode(dtype, device):
     device = torch.device(device)
-    config = NAMED_CONFIGS["tiny-llama"]
-    weights = random_weights(config, dtype=dtype, device=device, seed=3)
-    model = LlamaModel(config, weights, device=torch.device("cpu"), dtype=dtype, ops=triton_ops)
-    model.rope.cos, model.rope.sin = model.rope.cos.to(device), model.rope.sin.to(device)
-    g = torch.Generator().manual_seed(7)
-    system = torch.randint(3, 250, (12,), generator=g).tolist()          # 3 full shared pages
-    prompts = [system + torch.randint(3, 250, (n,), generator=g).tolist() for n in (2, 5, 3, 6)]
-    shared_pages = [0, 1, 2]
-    tables = [shared_pages + [3 + 3 * i, 4 + 3 * i, 5 + 3 * i] for i in range(len(prompts))]
-    kv = KVCache.allocate(config, num_pages=20, page_size=PAGE, dtype=dtype, device=device)
-    # Prefill: the shared pages once (first request), then each request's own tokens.
-    model.forward(build_forward_batch([(prompts[0], 0, tables[0], True)], PAGE, device), kv)
-    model.forward(build_forward_batch([(p[12:], 12, t, True) for p, t in zip(prompts[1:], tables[1:])],
-                                      PAGE, device), kv)
+    model, kv, prompts, tables = _prefilled_shared_prefix(dtype, device, seed=3, system_pages=3, suffixes=(2, 5, 3, 6))
     decode = [([p[-1] + 1], len(p), t, True) for p, t in zip(prompts, tables)]
     plan = plan_shared_prefixes([(t, len(p) + 1) for p, t in zip(prompts, tables)], PAGE, POLICY, KVB)
     assert plan is not None and plan.device.type == "cpu"    # the host plan; the runner moves it
@@ -121,18 +129,8 @@ def test_graph_resident_plan_matches_plain_decode(dtype, device):
     """What a cascade graph replays: persistent decode inputs and a plan padded with empty groups and
     padding rows, against the plain eager decode of the live rows."""
     device = torch.device(device)
-    config = NAMED_CONFIGS["tiny-llama"]
-    weights = random_weights(config, dtype=dtype, device=device, seed=5)
-    model = LlamaModel(config, weights, device=torch.device("cpu"), dtype=dtype, ops=triton_ops)
-    model.rope.cos, model.rope.sin = model.rope.cos.to(device), model.rope.sin.to(device)
-    g = torch.Generator().manual_seed(11)
-    system = torch.randint(3, 250, (16,), generator=g).tolist()          # 4 full shared pages
-    prompts = [system + torch.randint(3, 250, (n,), generator=g).tolist() for n in (1, 6, 3, 7, 2)]
-    tables = [[0, 1, 2, 3, 4 + 2 * i, 5 + 2 * i] for i in range(len(prompts))]
-    kv = KVCache.allocate(config, num_pages=20, page_size=PAGE, dtype=dtype, device=device)
-    model.forward(build_forward_batch([(prompts[0], 0, tables[0], True)], PAGE, device), kv)
-    model.forward(build_forward_batch([(p[16:], 16, t, True) for p, t in zip(prompts[1:], tables[1:])],
-                                      PAGE, device), kv)
+    model, kv, prompts, tables = _prefilled_shared_prefix(dtype, device, seed=5, system_pages=4,
+                                                          suffixes=(1, 6, 3, 7, 2))
     decode = [([p[-1] + 1], len(p), t, True) for p, t in zip(prompts, tables)]
     plain = model.forward(build_forward_batch(decode, PAGE, device, decode_max_context=32), kv)
     plan = plan_shared_prefixes([(t, len(p) + 1) for p, t in zip(prompts, tables)], PAGE, POLICY, KVB, graph=True)
