@@ -103,7 +103,8 @@ class LLMEngineModel:
                                     args.get("model_instance_device_id", "0"))
         if config.stream_interval < 1:
             raise pb_utils.TritonModelException(f"stream_interval must be >= 1, got {config.stream_interval}")
-        log.info("starting the kvshare engine: %s", config)
+        log.info("starting the kvshare engine: %s (overlap scheduling %s)", config,
+                 "on" if config.overlap_enabled else "off")
         self.engine = LLMEngine(config)
         self.metrics = EngineMetrics(pb_utils, args.get("model_name", "llm_engine"))
         self.publisher = MetricsPublisher(self.metrics)
