@@ -6,6 +6,8 @@ choice, ForwardBatch.cascade, llama._attention) in CI; on a GPU it runs compiled
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvshare_kernels.kernels as triton_ops
 from kvshare.runtime.cascade_planner import CascadePolicy, plan_shared_prefixes
@@ -144,3 +146,34 @@ def test_graph_resident_plan_matches_plain_decode(dtype, device):
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(cascaded[:5], plain, rtol=tol, atol=tol)
     assert cascaded[5:].isfinite().all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_any_host_plan_pads_into_the_graph_plan_unchanged(data):
+    """Property: for any batch of rows (random groups over shared pages) and any graph batch that holds
+    it, the graph plan's live part equals the host plan and its padding is inert (shared length 0, no
+    members), whatever an earlier, larger plan left in the staging copies."""
+    from kvshare_kernels.cascade_decode import plan_cascade
+
+    sizes = [4, 8, 16, 32]
+    bufs = CascadePlanBuffers(sizes, PAGE, max_members=4, max_shared_len=256, prefix_splits=dict.fromkeys(sizes, 1),
+                              device=torch.device("cpu"))
+    for _ in range(2):
+        n = data.draw(st.integers(1, 32))
+        heads = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))     # which system prompt
+        lens = data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
+        table = torch.tensor([[100 * h + j for j in range(4)] + [1000 + 10 * i + j for j in range(8)]
+                              for i, h in enumerate(heads)], dtype=torch.int32)
+        host = plan_cascade(table, lens, PAGE, max_members=4)
+        batch = next(b for b in sizes if b >= n)
+        assert bufs.holds(host, batch)
+        bufs.fill(host, batch)
+        g = bufs.plan(batch)
+        gmax = max_groups(batch)
+        assert g.row_shared_len[:n].tolist() == host.row_shared_len.tolist()
+        assert not g.row_shared_len[n:].any()
+        assert g.group_shared_len[:host.num_groups].tolist() == host.group_shared_len.tolist()
+        assert not g.group_shared_len[host.num_groups:gmax].any()
+        assert g.group_rows[:host.num_groups].tolist() == host.group_rows.tolist()
+        assert (g.group_rows[host.num_groups:] == -1).all()
