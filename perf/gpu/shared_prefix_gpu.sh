@@ -7,7 +7,10 @@
 #      the same engine without sharing, 100 GB pool, 256 running at most, step profiles;
 #   3. what cascade attention adds: the trace's first 256 requests with sharing, cascade on vs off.
 #
-#   bash perf/gpu/shared_prefix_gpu.sh [tests|full|attribution|all]
+#   4. (part profile, ~2 min) where a cascade-graph decode step and a mixed step spend their time
+#      (perf/gpu/profile_shared_prefix_gpu.py: 16 groups x 16 rows, then 32 x 8).
+#
+#   bash perf/gpu/shared_prefix_gpu.sh [tests|full|attribution|profile|all]
 PART=${1:-all}
 OUT_DEFAULT=/tmp/kvshare-shared-out
 source "$(dirname "$0")/gpu_env.sh"
@@ -27,4 +30,10 @@ if [ "$PART" = attribution ] || [ "$PART" = all ]; then
       --json "$OUT/shared_256_nocascade.json" 2>&1 | quiet | grep -E "^shared|rc=|^   " | tee "$OUT/shared_256_nocascade.log"
   stage timeout 100 $OFFLINE_7B --workloads shared-prefix:256: $SP \
       --json "$OUT/shared_256.json" 2>&1 | quiet | grep -E "^shared|rc=|^   " | tee "$OUT/shared_256.log"
+fi
+if [ "$PART" = profile ]; then
+  stage timeout 150 python3 perf/gpu/profile_shared_prefix_gpu.py --out "$OUT/profile_16x16" 2>&1 | quiet \
+      | tee "$OUT/profile_16x16.log" | tail -45
+  stage timeout 150 python3 perf/gpu/profile_shared_prefix_gpu.py --groups 32 --members 8 --out "$OUT/profile_32x8" 2>&1 \
+      | quiet | tee "$OUT/profile_32x8.log" | tail -45
 fi
