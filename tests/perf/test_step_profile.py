@@ -117,3 +117,16 @@ def test_repeat_runs_n_times_and_overlap_labels_only_explicit_settings():
     figures = iter([3.0, 1.0, 2.0])
     assert ob.run_repeated(lambda: row(next(figures)), 3).tok_per_s == 2.0
     assert [ob.overlap_label(v) for v in (True, False, None)] == ["overlap", "no overlap", ""]
+
+
+def test_row_hit_rate_leaves_the_warm_up_out():
+    from kvshare.core.types import PoolStats
+
+    def stats(queries: int, hits: int) -> PoolStats:
+        return PoolStats(total=10, free=10, active=0, cached=0, evictions_total=0, prefix_queries_tokens_total=queries,
+                         prefix_hits_tokens_total=hits, preemptions_total=0)
+
+    warm = stats(2048, 1016)               # the warm-up's second pass hits on purpose
+    assert ob.hit_rate_since(warm, stats(2048 + 4096, 1016)) == 0.0          # distinct prompts: no hit
+    assert ob.hit_rate_since(warm, stats(2048 + 4096, 1016 + 1024)) == 0.25
+    assert ob.hit_rate_since(warm, warm) == 0.0
