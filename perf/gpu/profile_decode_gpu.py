@@ -11,37 +11,22 @@ engine - replay is the host time the GPU waits for; the kernel table says which 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import time
-from collections import defaultdict
+import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from kvshare.engine.engine import LLMEngine
 from kvshare.engine.engine_config import EngineConfig
+from kvshare.runtime.cuda_graph_runner import resolve_future_ids
 from kvshare.sampling_params import SamplingParams
 
-CATEGORIES = (  # first match wins; names of cuBLAS/cutlass GEMMs vary by version
-    ("attention", ("_decode_split", "_decode_merge", "_prefill_kernel")),
-    ("kv_write", ("_write_kv",)),
-    ("norm", ("_rms_norm",)),
-    ("rotary", ("_rotary",)),
-    ("gemm", ("gemm", "sm90", "cutlass", "xmma", "nvjet", "cublas")),
-    ("silu_mul", ("silu", "mul")),
-    ("argmax/copy", ("argmax", "reduce", "copy", "index", "cat", "fill")),
-)
-
-
-def category(name: str) -> str:
-    low = name.lower()
-    for cat, keys in CATEGORIES:
-        if any(k.lower() in low for k in keys):
-            return cat
-    return "other"
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_profile import kernel_table, print_kernel_table  # noqa: E402
 
 def add_requests(engine: LLMEngine, n: int, start: int, rng: random.Random) -> None:
     params = SamplingParams(max_tokens=1024, ignore_eos=True)
@@ -81,28 +66,15 @@ def measure(engine: LLMEngine, batch: int, steps: int = 24) -> dict:
     replay_ms = start.elapsed_time(end) / steps
 
     fb = g.buffers.forward_batch(bs, g.max_context)
+    # Under overlap scheduling (the CUDA default) the buffers hold future_ref ids: resolve them as the graph does.
+    fb = dataclasses.replace(fb, input_ids=resolve_future_ids(fb.input_ids, engine.runner.last_ids))
     model, kv = engine.runner.model, engine.kv
-    model.forward(fb, kv)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            model.forward(fb, kv)
-        torch.cuda.synchronize()
-    per_cat: dict[str, float] = defaultdict(float)
-    kernels = []
-    for e in prof.key_averages():
-        t = e.device_time_total / 3 / 1e3   # ms per forward
-        if t <= 0:
-            continue
-        per_cat[category(e.key)] += t
-        kernels.append((t, e.count // 3, e.key[:90]))
-    kernels.sort(reverse=True)
+    kernels = kernel_table(lambda: model.forward(fb, kv), torch.device("cuda"))
     ctx = sum(engine.scheduler.sequence(s).num_computed for s in engine._by_seq) / max(1, len(engine._by_seq))
     return {"batch": batch, "graph_batch": bs, "mean_context": round(ctx, 1), "engine_ms": round(engine_ms, 3),
             "replay_ms": round(replay_ms, 3), "host_gap_ms": round(engine_ms - replay_ms, 3),
-            "eager_kernel_ms_by_category": {k: round(v, 3) for k, v in sorted(per_cat.items(), key=lambda x: -x[1])},
-            "eager_kernel_ms_total": round(sum(per_cat.values()), 3),
-            "top_kernels": [{"ms": round(t, 4), "calls": c, "name": n} for t, c, n in kernels[:25]]}
+            "eager_kernel_ms_by_category": kernels["ms_by_category"], "eager_kernel_ms_total": kernels["ms_total"],
+            "top_kernels": kernels["top_kernels"]}
 
 
 def main() -> None:
@@ -126,10 +98,8 @@ def main() -> None:
         print(f"\n== batch {r['batch']} (graph {r['graph_batch']}, mean context {r['mean_context']}): engine "
               f"{r['engine_ms']} ms/step, replay {r['replay_ms']} ms, host gap {r['host_gap_ms']} ms; "
               f"eager kernels {r['eager_kernel_ms_total']} ms")
-        for k, v in r["eager_kernel_ms_by_category"].items():
-            print(f"   {k:12s} {v:8.3f} ms")
-        for k in r["top_kernels"][:15]:
-            print(f"   {k['ms']:8.4f} ms x{k['calls']:4d}  {k['name']}")
+        print_kernel_table("eager kernels by category", {"ms_by_category": r["eager_kernel_ms_by_category"],
+                                                         "top_kernels": r["top_kernels"]})
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "profile_decode.json").write_text(json.dumps(results, indent=1))

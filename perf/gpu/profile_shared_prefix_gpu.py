@@ -21,68 +21,19 @@ import dataclasses
 import json
 import random
 import time
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from kvshare.engine.engine import LLMEngine
 from kvshare.engine.engine_config import EngineConfig
 from kvshare.runtime.cuda_graph_runner import resolve_future_ids
 from kvshare.sampling_params import SamplingParams
 
-CATEGORIES = (  # first match wins
-    ("cascade prefix", ("_cascade_prefix",)),
-    ("cascade merge", ("_cascade_merge",)),
-    ("cascade suffix table", ("_suffix_table",)),
-    ("decode attention", ("_decode_split", "_decode_merge")),
-    ("prefill attention", ("_prefill_kernel", "prefill")),
-    ("kv_write", ("_write_kv",)),
-    ("norm", ("_rms_norm",)),
-    ("rotary", ("_rotary",)),
-    ("silu_mul", ("silu",)),
-    ("gemm", ("gemm", "sm90", "cutlass", "xmma", "nvjet", "cublas", "addmm", "mm")),
-    ("copies/index", ("argmax", "reduce", "copy", "index", "cat", "fill", "embedding")),
-)
-
-
-def category(name: str) -> str:
-    low = name.lower()
-    for cat, keys in CATEGORIES:
-        if any(k.lower() in low for k in keys):
-            return cat
-    return "other"
-
-
-def kernel_table(fn, device: torch.device, reps: int = 3, warm: bool = True) -> dict:
-    """CUDA (or CPU) time per call of fn, by category, and its top kernels (warm: one untimed call first)."""
-    if warm:
-        fn()
-    sync(device)
-    acts = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
-    with profile(activities=acts) as prof:
-        for _ in range(reps):
-            fn()
-        sync(device)
-    per_cat: dict[str, float] = defaultdict(float)
-    kernels = []
-    for e in prof.key_averages():
-        t = (e.device_time_total if device.type == "cuda" else e.self_cpu_time_total) / reps / 1e3
-        if t <= 0:
-            continue
-        per_cat[category(e.key)] += t
-        kernels.append((t, e.count // reps, e.key[:90]))
-    kernels.sort(reverse=True)
-    return {"ms_by_category": {k: round(v, 3) for k, v in sorted(per_cat.items(), key=lambda x: -x[1])},
-            "ms_total": round(sum(per_cat.values()), 3),
-            "top_kernels": [{"ms": round(t, 4), "calls": c, "name": n} for t, c, n in kernels[:20]]}
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_profile import kernel_table, print_kernel_table, sync  # noqa: E402
 
 def build_steady_state(engine: LLMEngine, groups: int, members: int, system_len: int, question_len: int,
                        rng: random.Random) -> None:
@@ -177,11 +128,7 @@ def main() -> None:
     for key in ("eager_cascade_forward", "mixed_step"):
         if key in result:
             r = result[key]
-            print(f"\n== {key}: {r['ms_total']} ms{'  ' + str(r.get('shape', '')) if 'shape' in r else ''}")
-            for k, v in r["ms_by_category"].items():
-                print(f"   {k:22s} {v:8.3f} ms")
-            for k in r["top_kernels"][:12]:
-                print(f"   {k['ms']:8.4f} ms x{k['calls']:4d}  {k['name']}")
+            print_kernel_table(f"{key}: {r['ms_total']} ms {r.get('shape', '')}", r, top=12)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "profile_shared_prefix.json").write_text(json.dumps(result, indent=1))

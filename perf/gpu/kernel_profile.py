@@ -1,0 +1,67 @@
+"""Kernel time by category for the perf/gpu profilers: one torch.profiler pass over a callable."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+CATEGORIES = (  # first match wins; names of cuBLAS/cutlass GEMMs vary by version
+    ("cascade prefix", ("_cascade_prefix",)),
+    ("cascade merge", ("_cascade_merge",)),
+    ("cascade suffix table", ("_suffix_table",)),
+    ("attention", ("_decode_split", "_decode_merge", "_prefill_kernel")),
+    ("kv_write", ("_write_kv",)),
+    ("norm", ("_rms_norm",)),
+    ("rotary", ("_rotary",)),
+    ("gemm", ("gemm", "sm90", "cutlass", "xmma", "nvjet", "cublas")),
+    ("silu_mul", ("silu", "mul")),
+    ("argmax/copy", ("argmax", "reduce", "copy", "index", "cat", "fill", "embedding")),
+)
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k.lower() in low for k in keys):
+            return cat
+    return "other"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def kernel_table(fn: Callable[[], object], device: torch.device, reps: int = 3, warm: bool = True) -> dict:
+    """Time per call of fn by category and its top kernels: CUDA time on the GPU, CPU op time on the
+    CPU (dry runs). warm: one untimed call first (compiles, allocator)."""
+    if warm:
+        fn()
+    sync(device)
+    acts = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        for _ in range(reps):
+            fn()
+        sync(device)
+    per_cat: dict[str, float] = defaultdict(float)
+    kernels = []
+    for e in prof.key_averages():
+        t = (e.device_time_total if device.type == "cuda" else e.self_cpu_time_total) / reps / 1e3
+        if t <= 0:
+            continue
+        per_cat[category(e.key)] += t
+        kernels.append((t, e.count // reps, e.key[:90]))
+    kernels.sort(reverse=True)
+    return {"ms_by_category": {k: round(v, 3) for k, v in sorted(per_cat.items(), key=lambda x: -x[1])},
+            "ms_total": round(sum(per_cat.values()), 3),
+            "top_kernels": [{"ms": round(t, 4), "calls": c, "name": n} for t, c, n in kernels[:25]]}
+
+
+def print_kernel_table(title: str, table: dict, top: int = 15) -> None:
+    print(f"\n== {title}")
+    for k, v in table["ms_by_category"].items():
+        print(f"   {k:22s} {v:8.3f} ms")
+    for k in table["top_kernels"][:top]:
+        print(f"   {k['ms']:8.4f} ms x{k['calls']:4d}  {k['name']}")
