@@ -177,3 +177,4 @@ def test_any_host_plan_pads_into_the_graph_plan_unchanged(data):
         assert not g.group_shared_len[host.num_groups:gmax].any()
         assert g.group_rows[:host.num_groups].tolist() == host.group_rows.tolist()
         assert (g.group_rows[host.num_groups:] == -1).all()
+        bufs.check_integrity()

@@ -144,3 +144,24 @@ class CascadePlanBuffers:
         rows[:g] = src[n + g:].reshape(g, mm)
         rows[g:] = -1
         self._plans[batch].buffer.copy_(host, non_blocking=True)
+
+    def check_integrity(self) -> None:
+        """Every graph plan is one a cascade kernel may replay: whole-page shared lengths, members
+        within the batch and in one group each, a member's shared length its group's. Reads the
+        device buffers back (a sync): tests and debugging only."""
+        for batch, plan in self._plans.items():
+            assert plan.buffer.numel() == batch + plan.num_groups * (1 + plan.max_members), batch
+            row_len = plan.row_shared_len.cpu()
+            group_len = plan.group_shared_len.cpu()
+            rows = plan.group_rows.cpu()
+            assert (row_len >= 0).all() and (row_len % plan.page_size == 0).all(), batch
+            assert (group_len >= 0).all() and (group_len % plan.page_size == 0).all(), batch
+            members = rows[rows >= 0]
+            assert (members < batch).all() and members.unique().numel() == members.numel(), batch
+            expected = torch.zeros_like(row_len)
+            for g in range(plan.num_groups):
+                mine = rows[g][rows[g] >= 0]
+                assert mine.numel() == 0 or group_len[g] > 0, (batch, g)
+                expected[mine.long()] = group_len[g]
+            assert torch.equal(row_len, expected), batch
+
