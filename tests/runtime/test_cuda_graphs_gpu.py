@@ -73,6 +73,8 @@ def test_cascade_graphs_equal_plain_graphs_on_shared_prompts():
         while e.has_work:
             step()
         assert e.stats().pool.active == 0
+        if cascade:
+            e.runner.graphs.cascade_plans.check_integrity()
         return [out[str(i)] for i in range(len(prompts))], paths
 
     with_cascade, paths = run(True)
