@@ -15,6 +15,7 @@ import torch
 
 from ..core.kv_cache_manager import KVCacheManager
 from ..core.scheduler import Scheduler
+from ..core.types import StepPlan
 from ..core.types import PoolStats
 from ..runtime.cascade_planner import CascadePolicy
 from ..runtime.cuda_graph_runner import graph_batch_sizes, kernel_debug
@@ -86,7 +87,7 @@ class LLMEngine:
         self._generation_tokens_total = 0
         self._ttft: list[float] = []
         self._itl: list[float] = []
-        self.last_step = StepShape(0, 0, "none")
+        self._last_plan: StepPlan | None = None    # what last_step describes (kept, not summarised per step)
 
     # -- requests ---------------------------------------------------------------------------
     @property
@@ -161,8 +162,8 @@ class LLMEngine:
         whose ids were copied to the host while this one was being scheduled and launched."""
         plan = self.scheduler.schedule()
         outputs = [self._finish(self._by_seq[sid], (), "", "error", msg) for sid, msg in plan.rejected]
+        self._last_plan = plan
         if not plan.chunks:
-            self.last_step = StepShape(0, 0, "none")
             return outputs + self._resolve_pending()
         overlap = self.config.overlap_enabled and self._overlap_eligible(plan)
         if not overlap:
@@ -181,18 +182,24 @@ class LLMEngine:
                 ids = state.token_slice(chunk.start, chunk.num_tokens)
             inputs.append(ChunkInput(ids, chunk.start, self.scheduler.page_table(chunk.seq_id), sampling))
         sampling_ids = [c.seq_id for c in plan.chunks if c.samples]
-        decode_rows = sum(1 for c in plan.chunks if c.num_tokens == 1)
         if overlap:
             launched = self.runner.launch_greedy(inputs)
-            self.last_step = StepShape(decode_rows, plan.num_tokens - decode_rows, self.runner.last_path)
             self.scheduler.advance()
             outputs += self._resolve_pending()
             self._pending = _PendingStep(tuple(sampling_ids), {s: i for i, s in enumerate(sampling_ids)}, launched)
             return outputs
         sampled = dict(zip(sampling_ids, self.runner.execute(inputs)))
-        self.last_step = StepShape(decode_rows, plan.num_tokens - decode_rows, self.runner.last_path)
         self.scheduler.on_step_done(sampled)
         return outputs + self._emit(sampled)
+
+    @property
+    def last_step(self) -> StepShape:
+        """What the last step ran (benchmarks' step profiles), derived from its plan on request."""
+        plan = self._last_plan
+        if plan is None or not plan.chunks:
+            return StepShape(0, 0, "none")
+        decode_rows = sum(1 for c in plan.chunks if c.num_tokens == 1)
+        return StepShape(decode_rows, plan.num_tokens - decode_rows, self.runner.last_path)
 
     def _overlap_eligible(self, plan) -> bool:
         """Rows whose sampling needs the previous token on the host (penalties, min_tokens, random
