@@ -178,3 +178,17 @@ def test_any_host_plan_pads_into_the_graph_plan_unchanged(data):
         assert g.group_rows[:host.num_groups].tolist() == host.group_rows.tolist()
         assert (g.group_rows[host.num_groups:] == -1).all()
         bufs.check_integrity()
+
+
+def test_planner_skips_the_plan_when_even_the_shareable_rows_cannot_pay(monkeypatch):
+    # Two of six rows share a first page: at most their tokens can be saved, below 25% of the batch.
+    import kvshare_kernels.cascade_decode as cd
+
+    def must_not_plan(*a, **k):
+        raise AssertionError("plan_cascade ran although no plan could pass the thresholds")
+
+    rows = [((1, 2, 3), 6), ((1, 2, 4), 6)] + [((10 + i, 20 + i, 30 + i), 12) for i in range(4)]   # 12 of 60
+    monkeypatch.setattr(cd, "plan_cascade", must_not_plan)
+    assert plan_shared_prefixes(rows, PAGE, POLICY, KVB, graph=True) is None
+    monkeypatch.undo()
+    assert plan_shared_prefixes(rows, PAGE, POLICY, KVB, graph=True) is None     # same answer with the plan

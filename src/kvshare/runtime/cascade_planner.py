@@ -15,6 +15,7 @@ layer. Two ways to run it:
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -44,8 +45,15 @@ def plan_shared_prefixes(rows: Sequence[tuple[Sequence[int], int]], page_size: i
     total_tokens = sum(c for _, c in rows)
     if not graph and total_tokens * kv_bytes_per_token < policy.min_plain_read_gb * 1e9:
         return None
-    firsts = {pt[0] for pt, _ in rows if pt}
+    firsts = Counter(pt[0] for pt, _ in rows if pt)
     if len(firsts) == n:          # no two rows start on the same page: nothing is shared (the common case)
+        return None
+    # Only rows whose first page another row also starts with can save anything, and at most their
+    # tokens: when even that bound misses a threshold, skip building the plan (per step on the host).
+    shareable = sum(c for pt, c in rows if pt and firsts[pt[0]] > 1)
+    if shareable < policy.min_saved_fraction * total_tokens:
+        return None
+    if graph and shareable * kv_bytes_per_token < policy.min_saved_read_gb_graph * 1e9:
         return None
     from kvshare_kernels.cascade_decode import plan_cascade
 
