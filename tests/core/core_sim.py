@@ -10,7 +10,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from kvshare.core import Scheduler, StepPlan
+from kvshare.core import KVCacheManager, Scheduler, StepPlan
+
+
+def make_runner(num_pages: int = 16, page_size: int = 4, *, max_running: int = 8, max_step_tokens: int = 64,
+                max_prefill_chunk: int = 64, policy: str = "lru", **scheduler_kw) -> "ShadowRunner":
+    """A ShadowRunner over a fresh pool (no watermark warnings) and a Scheduler with debug checks on."""
+    kv = KVCacheManager(num_pages, page_size, policy=policy, low_watermark=0.0)
+    scheduler = Scheduler(kv, max_running=max_running, max_step_tokens=max_step_tokens,
+                          max_prefill_chunk=max_prefill_chunk, debug_checks=True, **scheduler_kw)
+    return ShadowRunner(scheduler)
 
 
 class ShadowRunner:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from core_sim import ShadowRunner
+from core_sim import ShadowRunner, make_runner
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -13,21 +13,8 @@ from kvshare.core import POLICY_NAMES, KVCacheManager, Scheduler, SeqState
 SYSTEM = list(range(100, 108))  # two full pages at page_size 4
 
 
-def make(
-    admission: str = "cache_aware",
-    *,
-    num_pages: int = 32,
-    page_size: int = 4,
-    max_running: int = 8,
-    max_step_tokens: int = 64,
-    max_prefill_chunk: int = 64,
-    policy: str = "lru",
-    **kw,
-) -> ShadowRunner:
-    kv = KVCacheManager(num_pages, page_size, policy=policy, low_watermark=0.0)
-    scheduler = Scheduler(kv, max_running=max_running, max_step_tokens=max_step_tokens,
-                          max_prefill_chunk=max_prefill_chunk, debug_checks=True, admission=admission, **kw)
-    return ShadowRunner(scheduler)
+def make(admission: str = "cache_aware", *, num_pages: int = 32, **kw) -> ShadowRunner:
+    return make_runner(num_pages, admission=admission, **kw)
 
 
 def admitted(sim: ShadowRunner) -> list[int]:

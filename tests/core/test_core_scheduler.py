@@ -3,29 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from core_sim import ShadowRunner
+from core_sim import ShadowRunner, make_runner
 
-from kvshare.core import KVCacheManager, PageCopy, Scheduler, SeqState
+from kvshare.core import PageCopy, Scheduler, SeqState
 
 
-def make(
-    num_pages: int = 16,
-    page_size: int = 4,
-    *,
-    max_running: int = 8,
-    max_step_tokens: int = 64,
-    max_prefill_chunk: int = 64,
-    policy: str = "lru",
-) -> ShadowRunner:
-    kv = KVCacheManager(num_pages, page_size, policy=policy, low_watermark=0.0)
-    scheduler = Scheduler(
-        kv,
-        max_running=max_running,
-        max_step_tokens=max_step_tokens,
-        max_prefill_chunk=max_prefill_chunk,
-        debug_checks=True,
-    )
-    return ShadowRunner(scheduler)
+def make(num_pages: int = 16, page_size: int = 4, **kw) -> ShadowRunner:
+    return make_runner(num_pages, page_size, **kw)
 
 
 def shape(plan) -> list[tuple[int, int, int, bool]]:
