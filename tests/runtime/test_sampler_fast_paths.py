@@ -13,8 +13,9 @@ from kvshare.runtime.sampler import Sampler, SamplingRow, sample_grouped, top_k_
 from kvshare.sampling_params import SamplingParams
 
 
-def _reference_sample_batched(logits, temperature, top_k, top_p, generator=None):
-    """sample_batched as of commit 468b88c (one full sort per row), kept verbatim as the reference."""
+def _reference_filtered(logits, temperature, top_k, top_p):
+    """sample_batched as of commit 468b88c (one full sort per row), kept verbatim as the reference up to
+    its race: the filtered distribution in sorted order, and that order (the tests race it themselves)."""
     vocab = logits.shape[-1]
     scaled = logits / temperature[:, None]
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
@@ -23,24 +24,12 @@ def _reference_sample_batched(logits, temperature, top_k, top_p, generator=None)
     sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
     probs = sorted_logits.softmax(-1)
     drop = ((probs.cumsum(-1) - probs) >= top_p[:, None]) & (top_p < 1.0)[:, None]
-    probs = probs.masked_fill(drop, 0.0)
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    pick = (probs / race).argmax(dim=-1, keepdim=True)
-    return order.gather(1, pick).squeeze(1)
+    return probs.masked_fill(drop, 0.0), order
 
 
 def _reference_probs(logits, params):
-    """The reference's filtered distribution per row, in vocab order (its lines up to the race)."""
-    temperature, top_k, top_p = _param_tensors(params)
-    vocab = logits.shape[-1]
-    scaled = logits / temperature[:, None]
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab)).long()
-    kth = sorted_logits.gather(1, (k - 1)[:, None])
-    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-    probs = sorted_logits.softmax(-1)
-    drop = ((probs.cumsum(-1) - probs) >= top_p[:, None]) & (top_p < 1.0)[:, None]
-    probs = probs.masked_fill(drop, 0.0)
+    """The reference's filtered distribution per row, in vocab order."""
+    probs, order = _reference_filtered(logits, *_param_tensors(params))
     return torch.zeros_like(probs).scatter(1, order, probs)
 
 
