@@ -65,3 +65,29 @@ def print_kernel_table(title: str, table: dict, top: int = 15) -> None:
         print(f"   {k:22s} {v:8.3f} ms")
     for k in table["top_kernels"][:top]:
         print(f"   {k['ms']:8.4f} ms x{k['calls']:4d}  {k['name']}")
+
+
+def host_profile(fn: Callable[[], object], reps: int, top: int = 30) -> list[dict]:
+    """Python functions by own time over reps calls of fn (cProfile): where a step's host time goes.
+    Time blocked on the device shows up in the waiting call (an event's synchronize, a blocking copy)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        fn()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, name), (_, calls, own, cum, _) in stats.stats.items():
+        rows.append({"own_ms": round(1e3 * own / reps, 3), "cum_ms": round(1e3 * cum / reps, 3),
+                     "calls": round(calls / reps, 1), "where": f"{file.rsplit('/', 2)[-1]}:{line}({name})"})
+    rows.sort(key=lambda r: -r["own_ms"])
+    return rows[:top]
+
+
+def print_host_profile(title: str, rows: list[dict]) -> None:
+    print(f"\n== {title} (per call: own ms, cumulative ms, calls)")
+    for r in rows:
+        print(f"   {r['own_ms']:8.3f} {r['cum_ms']:8.3f} x{r['calls']:7.1f}  {r['where']}")

@@ -33,12 +33,12 @@ from kvshare.runtime.cuda_graph_runner import resolve_future_ids
 from kvshare.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_profile import kernel_table, print_kernel_table, sync  # noqa: E402
+from kernel_profile import host_profile, kernel_table, print_host_profile, print_kernel_table, sync  # noqa: E402
 
 def build_steady_state(engine: LLMEngine, groups: int, members: int, system_len: int, question_len: int,
                        rng: random.Random) -> None:
     vocab = engine.model_config.vocab_size
-    params = SamplingParams(max_tokens=4 * question_len, ignore_eos=True)
+    params = SamplingParams(max_tokens=4 * question_len, temperature=0.0, ignore_eos=True)
     systems = [[rng.randrange(3, vocab) for _ in range(system_len)] for _ in range(groups)]
 
     def prompt(g: int) -> list[int]:
@@ -99,6 +99,7 @@ def main() -> None:
 
     result["engine_ms_per_step"] = round(timed(one_step, device, 12), 3)
     result["paths"] = dict(paths)
+    result["host_profile"] = host_profile(engine.step, 8)
     g = engine.runner.graphs
     if g is not None:
         bs = g.batch_for(rows)
@@ -120,11 +121,13 @@ def main() -> None:
     vocab = engine.model_config.vocab_size
     for i in range(a.new):
         engine.add_request(f"new{i}", [rng.randrange(3, vocab) for _ in range(question_len)],
-                           SamplingParams(max_tokens=8, ignore_eos=True))
+                           SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     result["mixed_step"] = kernel_table(engine.step, device, reps=1, warm=False)
     result["mixed_step"]["shape"] = dataclasses.asdict(engine.last_step)
 
-    print(json.dumps({k: v for k, v in result.items() if k not in ("eager_cascade_forward", "mixed_step")}, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("eager_cascade_forward", "mixed_step", "host_profile")},
+                     indent=1))
+    print_host_profile("engine.step at the steady state", result["host_profile"])
     for key in ("eager_cascade_forward", "mixed_step"):
         if key in result:
             r = result[key]

@@ -101,22 +101,27 @@ def table(md=None):
     return res
 
 
-def sweep(md=None):
+def sweep(md=None, shape=(1, 0, 4096), heads=HEADS):
     rows, res = [], []
-    for (hq, hkv) in HEADS:
-        b, prefix, q_len = shrink(1, 0, 4096)
+    for (hq, hkv) in heads:
+        b, prefix, q_len = shrink(*shape)
         for cfg in (SWEEP if not bc.DRY_RUN else SWEEP[:2]):
             t = time_kvshare(hq, hkv, b, prefix, q_len, 16, **cfg)
-            rows.append([f"{hq}/{hkv} 1x{q_len} p16", str(cfg), f"{flops(hq, b, prefix, q_len) / t / 1e12:.0f}"])
+            rows.append([f"{hq}/{hkv} {b}x({prefix}+{q_len}) p16", str(cfg), f"{flops(hq, b, prefix, q_len) / t / 1e12:.0f}",
+                         f"{t * 1e3:.3f}"])
             res.append(dict(hq=hq, hkv=hkv, cfg=cfg, s=t))
             print("  " + " | ".join(rows[-1]), flush=True)
-    bc.print_table("prefill tile sweep (TFLOP/s)", ["shape", "config", "TFLOP/s"], rows, md)
+    bc.print_table("prefill tile sweep (TFLOP/s)", ["shape", "config", "TFLOP/s", "ms"], rows, md)
     return res
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-shape", default="1,0,4096", help="batch,prefix,new tokens of the sweep (fixed-256's "
+                    "prefill chunks: 32,0,128)")
+    ap.add_argument("--sweep-only", action="store_true", help="skip the table")
+    ap.add_argument("--mha-only", action="store_true", help="32/32 heads only (Llama-2-7B)")
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--dry-run", action="store_true")
@@ -125,9 +130,11 @@ def main(argv=None):
     if not a.dry_run and not torch.cuda.is_available():
         sys.exit("bench_prefill_attention: needs a CUDA GPU (or --dry-run)")
     out = {}
+    heads = [(32, 32)] if a.mha_only else HEADS
     if a.sweep:
-        out["sweep"] = sweep(a.md)
-    out["table"] = table(a.md)
+        out["sweep"] = sweep(a.md, tuple(int(x) for x in a.sweep_shape.split(",")), heads)
+    if not a.sweep_only:
+        out["table"] = table(a.md)
     bc.dump_json(a.json, out)
 
 

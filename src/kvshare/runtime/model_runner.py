@@ -15,7 +15,7 @@ import torch
 
 from .cascade_planner import CascadePolicy, plan_shared_prefixes
 from .cuda_graph_runner import CudaGraphRunner, resolve_future_ids
-from .forward_batch import build_forward_batch
+from .forward_batch import build_forward_batch, to_device
 from .kv_cache import KVCache
 from .llama import LlamaModel
 from .sampler import Sampler, SamplingRow
@@ -79,8 +79,8 @@ class ModelRunner:
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:
             return
-        src = torch.tensor([s for s, _ in copies], dtype=torch.int32, device=self.device)
-        dst = torch.tensor([d for _, d in copies], dtype=torch.int32, device=self.device)
+        pairs = to_device(torch.tensor(copies, dtype=torch.int32).t().contiguous(), self.device)
+        src, dst = pairs[0], pairs[1]
         self.model.ops.copy_pages(list(self.kv.k), list(self.kv.v), src, dst)
 
     def execute(self, chunks: Sequence[ChunkInput]) -> list[int]:
@@ -125,10 +125,10 @@ class ModelRunner:
             return self.graphs.run([(c.token_ids[0], c.start, c.page_table) for c in chunks])
         self.last_path = "eager" if plan is None else "cascade"
         if plan is not None:
-            plan = plan.to(self.device)
+            plan = plan.to(self.device) if self.device.type != "cuda" else plan.pin_memory().to(self.device, non_blocking=True)
         decode_bound = self.decode_context if self.device.type == "cuda" else None
         batch = build_forward_batch(
-            [(list(c.token_ids), c.start, list(c.page_table), c.sampling is not None) for c in chunks],
+            [(c.token_ids, c.start, c.page_table, c.sampling is not None) for c in chunks],
             self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan)
         if any(len(c.token_ids) == 1 and c.token_ids[0] < 0 for c in chunks):
             batch = replace(batch, input_ids=resolve_future_ids(batch.input_ids, self.last_ids))
