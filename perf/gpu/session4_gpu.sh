@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Session 4 on the GPU machine (from the repo root; logs and JSON to $OUT):
+#   part upload (~4 min): eager prefill/mixed steps upload their inputs without blocking the host
+#     (forward_batch.py): GPU tests, the fixed-256 prefill phase profile (perf/gpu/profile_prefill_gpu.py),
+#     fixed-256 x3 and fixed-64 with step profiles, the prefill kernel's tile sweep at fixed-256's
+#     chunks (32 x 128 new tokens).
+#   part delay (~7 min): shared-prefix, the whole trace, with admission delay D (EngineConfig.admission_delay_steps)
+#     and without; no sharing with the delay. DELAYS="0 8" by default.
+#
+#   bash perf/gpu/session4_gpu.sh upload|delay
+PART=${1:-upload}
+OUT_DEFAULT=/tmp/kvshare-s4-out
+source "$(dirname "$0")/gpu_env.sh"
+SP="--open-loop --max-running 256 --admission cache_aware --kv-gb 100 --step-profile"
+
+nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
+if [ "$PART" = upload ]; then
+  stage timeout 150 python3 -m pytest -q -p no:cacheprovider tests/runtime tests/kernels/test_cascade_forward.py \
+      tests/kernels/test_fused_forward.py tests/engine/test_overlap_schedule.py 2>&1 | tail -6 | tee "$OUT/tests.log"
+  stage timeout 120 python3 perf/gpu/profile_prefill_gpu.py --out "$OUT/prefill" 2>&1 | quiet > "$OUT/prefill.log"
+  head -14 "$OUT/prefill.log"
+  stage timeout 150 $OFFLINE_7B --workloads fixed-256:256:,fixed-64:128: --repeat 3 --step-profile \
+      --json "$OUT/fixed.json" 2>&1 | quiet | grep -E "^fixed|rc=|^   " | tee "$OUT/fixed.log"
+  (cd perf/kernels && stage timeout 90 python3 bench_prefill_attention.py --sweep --sweep-shape 32,0,128 --sweep-only \
+      --mha-only 2>&1 | grep "^|" | tee "$OUT/prefill_sweep.log")
+fi
+if [ "$PART" = delay ]; then
+  for d in ${DELAYS:-0 8}; do
+    stage timeout 150 $OFFLINE_7B --workloads shared-prefix:1024: $SP --admission-delay "$d" \
+        --json "$OUT/shared_d$d.json" 2>&1 | quiet | grep -E "^shared|rc=|^   " | tee "$OUT/shared_d$d.log"
+  done
+  stage timeout 300 $OFFLINE_7B --workloads shared-prefix:1024:no-sharing $SP --admission-delay "${NOSHARE_DELAY:-8}" \
+      --json "$OUT/shared_noshare.json" 2>&1 | quiet | grep -E "^shared|rc=|^   " | tee "$OUT/shared_noshare.log"
+fi
