@@ -118,7 +118,8 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
                        kv_cache_memory_gb=args.kv_gb, max_running=args.max_running or max(trace.concurrency or 64, 1),
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
                        enable_prefix_caching=sharing, overlap_schedule=args.overlap, cascade_attention=args.cascade, eviction=args.eviction,
-                       **({"admission": args.admission} if args.admission else {}))
+                       **({"admission": args.admission} if args.admission else {}),
+                       **({"admission_delay_steps": args.admission_delay} if args.admission_delay is not None else {}))
     engine = LLMEngine(cfg, loaded=loaded)
     warm_up(engine, trace, loaded.config.vocab_size)
     freeze_startup_heap()   # as the server does: no full GC walks over the weights' objects per step
@@ -299,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="submit every request at once (SGLang's --request-rate inf): the engine's queue and "
                          "admission policy decide the order; TTFT then includes queueing")
     ap.add_argument("--admission", default=None, help="engine admission policy (fcfs | cache_aware); default the engine's")
+    ap.add_argument("--admission-delay", type=int, default=None, metavar="N",
+                    help="hold arrivals back up to N decode-only steps to batch their prefills "
+                         "(EngineConfig.admission_delay_steps); default the engine's")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="kvshare rows only: sample at this temperature (0 = greedy, as the HF baselines)")
     ap.add_argument("--top-k", type=int, default=0, help="kvshare rows only: top-k when sampling")
@@ -326,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     hf = hf_model(loaded, args) if any({"generate", "generate_batch"} & set(b) for _, _, b in specs) else None
     rows: list[Row] = []
     # Non-default engine settings go into the row label, so result files say what ran.
-    settings = [f"{args.admission}" if args.admission else "", overlap_label(args.overlap),
+    settings = [f"{args.admission}" if args.admission else "",
+                f"delay {args.admission_delay}" if args.admission_delay is not None else "", overlap_label(args.overlap),
                 "" if args.cascade else "no cascade", "" if args.eviction == "lru" else args.eviction,
                 f"T={args.temperature:g}" if args.temperature else "", f"top-k {args.top_k}" if args.top_k else ""]
     variant = f" ({', '.join(x for x in settings if x)})" if any(settings) else ""

@@ -1,6 +1,7 @@
 """Admission policy on the shared-prefix trace: fcfs vs cache_aware, pools below and above the working set.
 
     python perf/core/admission_policy.py [--requests N] [--skips 4,16,32,64,256]
+    python perf/core/admission_policy.py --admission-delay 0,2,4,8
 
 Replays SGLang's generated-shared-prefix shape (perf/core/workload_traces.py "shared-prefix": 64
 groups x 16 requests, a 2048-token group prefix + a 128-token question, shuffled so the groups
@@ -14,6 +15,11 @@ actually computed in prefill chunks (recomputation after preemption included); s
 (a proxy for time: each step is one forward); wait = steps from add() to first admission. The
 "off" rows (prefix caching disabled) are the no-sharing reference. A last table keeps 256 requests
 in flight (max_running still 64), as a loaded server does, so the policy has more to choose from.
+
+--admission-delay sweeps Scheduler(admission_delay_steps=d) instead, in the H200 run's shape (the
+whole trace with its 256 output tokens, sent at once, max_running 256, 12,800 pages, cache_aware):
+steps by kind (decode-only / mixed / prefill-only), prefill tokens per mixed step, and a time
+estimate from that run's step costs (see DECODE_STEP_S).
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ DEEP = 256  # the deeper-queue rows: requests in flight beyond max_running
 OUTPUT_TOKENS = 128
 POOLS = (5_120, 12_800)
 PAGE_SIZE = 16
+# A crude H200 step-cost model for --admission-delay, from the whole-trace shared-prefix run
+# (docs/results/h200-s3.md): decode-only cascade-graph steps 28.0 ms; 167 mixed steps of 100.6 ms
+# carried 323k prefill tokens (~1,930 each), about half of a mixed step being the decode rows'
+# attention whatever the prefill carries: ~50 ms fixed + ~26 us per prefill token.
+DECODE_STEP_S = 0.028
+MIXED_STEP_FIXED_S = 0.050
+PREFILL_TOKEN_S = 0.050 / 1_930
 
 
 @dataclass(frozen=True)
@@ -44,21 +57,31 @@ class Result:
     preemptions: int
     max_wait: int
     mean_wait: float
+    decode_steps: int = 0  # steps with decode chunks only
+    mixed_steps: int = 0  # steps with prefill and decode chunks
+    mixed_prefill: int = 0  # prefill tokens computed in mixed steps
+
+    @property
+    def estimated_s(self) -> float:
+        """The H200 step-cost model above; prefill-only steps are charged as mixed ones."""
+        prefill_steps = self.steps - self.decode_steps - self.mixed_steps
+        return (self.decode_steps * DECODE_STEP_S + (self.mixed_steps + prefill_steps) * MIXED_STEP_FIXED_S
+                + self.prefill * PREFILL_TOKEN_S)
 
 
 def replay(trace: Trace, *, num_pages: int, policy: str, admission: str, sharing: bool = True,
            max_admission_skips: int | None = None, in_flight_limit: int = CONCURRENCY, seed: int = 0,
-           max_running: int = CONCURRENCY) -> Result:
+           max_running: int = CONCURRENCY, admission_delay_steps: int = 0) -> Result:
     kv = KVCacheManager(num_pages, PAGE_SIZE, policy=policy, enable_prefix_caching=sharing, low_watermark=0.0)
     extra = {} if max_admission_skips is None else {"max_admission_skips": max_admission_skips}
     scheduler = Scheduler(kv, max_running=max_running, max_step_tokens=4096, max_prefill_chunk=2048,
-                          admission=admission, **extra)
+                          admission=admission, admission_delay_steps=admission_delay_steps, **extra)
     rng = random.Random(seed)
     pending = list(reversed(trace.requests))
     in_flight: set[int] = set()
     added_at: dict[int, int] = {}  # seq id -> step of add(), until its first admission
     waits: list[int] = []
-    cached = prefill = steps = 0
+    cached = prefill = steps = decode_steps = mixed_steps = mixed_prefill = 0
     while pending or in_flight:
         while pending and len(in_flight) < in_flight_limit:
             request = pending.pop()
@@ -68,7 +91,13 @@ def replay(trace: Trace, *, num_pages: int, policy: str, admission: str, sharing
             added_at[request.request_id] = steps
         plan = scheduler.schedule()
         steps += 1
-        prefill += sum(c.num_tokens for c in plan.chunks if c.num_tokens > 1 or not c.samples)
+        step_prefill = sum(c.num_tokens for c in plan.chunks if c.num_tokens > 1 or not c.samples)
+        decodes = sum(1 for c in plan.chunks if c.num_tokens == 1 and c.samples)
+        prefill += step_prefill
+        decode_steps += bool(decodes and not step_prefill)
+        if decodes and step_prefill:
+            mixed_steps += 1
+            mixed_prefill += step_prefill
         for chunk in plan.chunks:
             if chunk.seq_id in added_at and chunk.start == scheduler.num_cached_tokens(chunk.seq_id):
                 waits.append(steps - 1 - added_at.pop(chunk.seq_id))
@@ -81,7 +110,7 @@ def replay(trace: Trace, *, num_pages: int, policy: str, admission: str, sharing
     assert stats.active == 0 and not added_at, f"leak: {stats}, never admitted: {sorted(added_at)[:8]}"
     prompt = sum(len(r.prompt_ids) for r in trace.requests)
     return Result(cached / prompt, stats.evictions_total, prefill, steps, stats.preemptions_total,
-                  max(waits), sum(waits) / len(waits))
+                  max(waits), sum(waits) / len(waits), decode_steps, mixed_steps, mixed_prefill)
 
 
 HEADER = (f"{'pages':>6} {'evic':<4} {'admission':<12} {'hit':>6} {'evictions':>9} {'prefill':>10} "
@@ -108,13 +137,38 @@ def hot10_closed_loop() -> None:
         print(row(20_000, "lru", admission, r))
 
 
+def admission_delay_sweep(delays: list[int], requests: int | None) -> None:
+    """The H200 shared-prefix run's shape, with and without the admission delay."""
+    trace = make_trace("shared-prefix")
+    trace = dataclasses.replace(trace, requests=trace.requests[: requests or len(trace.requests)])
+    pages, running = 12_800, 256
+    print(f"shared-prefix: {len(trace.requests)} requests sent at once, {trace.requests[0].max_new_tokens} output "
+          f"tokens, max_running {running}, {pages:,} pages, cache_aware, lru")
+    print(f"{'delay':>5} {'steps':>6} {'decode':>6} {'mixed':>6} {'prefill':>7} {'prefill tok':>11} "
+          f"{'per mixed':>9} {'hit':>6} {'preempt':>7} {'mean wait':>9} {'max wait':>8} {'est. s':>7}")
+    for delay in delays:
+        r = replay(trace, num_pages=pages, policy="lru", admission="cache_aware", in_flight_limit=len(trace.requests),
+                   max_running=running, admission_delay_steps=delay)
+        only_prefill = r.steps - r.decode_steps - r.mixed_steps
+        print(f"{delay:>5} {r.steps:>6} {r.decode_steps:>6} {r.mixed_steps:>6} {only_prefill:>7} {r.prefill:>11,} "
+              f"{r.mixed_prefill / max(r.mixed_steps, 1):>9,.0f} {r.hit:>6.1%} {r.preemptions:>7} "
+              f"{r.mean_wait:>9.1f} {r.max_wait:>8} {r.estimated_s:>7.1f}")
+    print(f"est. s: decode-only {DECODE_STEP_S * 1e3:.0f} ms, mixed/prefill {MIXED_STEP_FIXED_S * 1e3:.0f} ms "
+          f"+ {PREFILL_TOKEN_S * 1e6:.0f} us per prefill token (H200 profile, whole trace; a model, not a measurement)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=None, help="cut the trace (default: all 1024)")
     parser.add_argument("--skips", default="", help="also sweep max_admission_skips at 256 in flight, e.g. 4,16,64")
     parser.add_argument("--hot10", action="store_true",
                         help="instead: seed-hot10's first 36 requests in a closed loop of 12 (the H200 run's shape)")
+    parser.add_argument("--admission-delay", default="", metavar="D,D,...",
+                        help="instead: sweep admission_delay_steps (e.g. 0,2,4,8) in the H200 run's shape")
     args = parser.parse_args()
+    if args.admission_delay:
+        admission_delay_sweep([int(d) for d in args.admission_delay.split(",")], args.requests)
+        return
     if args.hot10:
         hot10_closed_loop()
         return

@@ -70,7 +70,8 @@ class LLMEngine:
             KVCacheManager(num_pages, config.page_size, enable_prefix_caching=config.enable_prefix_caching,
                            policy=config.eviction),
             max_running=config.max_running, max_step_tokens=config.max_step_tokens,
-            max_prefill_chunk=config.max_prefill_chunk, debug_checks=config.debug_checks, admission=config.admission)
+            max_prefill_chunk=config.max_prefill_chunk, debug_checks=config.debug_checks, admission=config.admission,
+            admission_delay_steps=config.admission_delay_steps)
         model = LlamaModel(loaded.config, loaded.weights, device=self.device, dtype=dtype)
         self.eos_ids = frozenset(loaded.config.eos_token_ids)
         graph_sizes = graph_batch_sizes(config.max_running) if config.cuda_graphs and not kernel_debug() else ()

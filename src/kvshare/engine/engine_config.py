@@ -22,6 +22,11 @@ class EngineConfig:
     # fcfs | cache_aware (cached prefixes first). fcfs by default: on the H200, seed-hot10 in a closed loop
     # ran 13% slower with cache_aware (docs/core.md); cache_aware pays with deep queues of shared prefixes.
     admission: str = "fcfs"
+    # While requests decode and no prefill runs, hold new arrivals back for up to N steps so that
+    # several are admitted in one mixed step: each mixed step pays the decode rows' attention on
+    # the eager path (shared-prefix on the H200: ~100 ms mixed vs ~28 ms decode-only). 0 = admit
+    # at once; kept 0 until the GPU measures a better value (docs/core.md "Admission delay").
+    admission_delay_steps: int = 0
     default_max_tokens: int = 128
     # Server only: a stream's deltas go out at most every N tokens (the first delta and the final
     # response at once), as vLLM's and TRT-LLM's stream interval; 1 = every token. Fewer responses
