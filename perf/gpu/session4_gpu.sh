@@ -7,7 +7,10 @@
 #   part delay (~7 min): shared-prefix, the whole trace, with admission delay D (EngineConfig.admission_delay_steps)
 #     and without; no sharing with the delay. DELAYS="0 8" by default.
 #
-#   bash perf/gpu/session4_gpu.sh upload|delay
+#   part final (~6 min): the issue-4 table (perf/gpu/bench_table.sh part1) and seed-hot10 beside seed-12x128
+#     on the whole traces (--repeat 3, medians), with the final code.
+#
+#   bash perf/gpu/session4_gpu.sh upload|delay|final
 PART=${1:-upload}
 OUT_DEFAULT=/tmp/kvshare-s4-out
 source "$(dirname "$0")/gpu_env.sh"
@@ -31,4 +34,9 @@ if [ "$PART" = delay ]; then
   done
   stage timeout 300 $OFFLINE_7B --workloads shared-prefix:1024:no-sharing $SP --admission-delay "${NOSHARE_DELAY:-8}" \
       --json "$OUT/shared_noshare.json" 2>&1 | quiet | grep -E "^shared|rc=|^   " | tee "$OUT/shared_noshare.log"
+fi
+if [ "$PART" = final ]; then
+  OUT="$OUT" stage bash perf/gpu/bench_table.sh part1 2>&1 | grep -E "^fixed|^seed|rc=" | tail -20
+  stage timeout 200 $OFFLINE_7B --workloads seed-12x128,seed-hot10 --baselines "" --repeat 3 \
+      --json "$OUT/hot10_full.json" 2>&1 | quiet | grep -E "^seed|rc=|per run" | tee "$OUT/hot10_full.log"
 fi

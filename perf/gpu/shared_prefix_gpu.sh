@@ -14,7 +14,8 @@
 PART=${1:-all}
 OUT_DEFAULT=/tmp/kvshare-shared-out
 source "$(dirname "$0")/gpu_env.sh"
-SP="--open-loop --max-running 256 --admission cache_aware --kv-gb ${KV_GB:-100} --step-profile ${SP_EXTRA:-}"
+# admission delay 8: arrivals share mixed steps (docs/results/h200-s4.md: 5,825 vs 5,315 tok/s with sharing)
+SP="--open-loop --max-running 256 --admission cache_aware --admission-delay ${SP_DELAY:-8} --kv-gb ${KV_GB:-100} --step-profile ${SP_EXTRA:-}"
 
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 if [ "$PART" = tests ] || [ "$PART" = all ]; then
