@@ -12,6 +12,7 @@ CATEGORIES = (  # first match wins; names of cuBLAS/cutlass GEMMs vary by versio
     ("cascade merge", ("_cascade_merge",)),
     ("cascade suffix table", ("_suffix_table",)),
     ("attention", ("_decode_split", "_decode_merge", "_prefill_kernel")),
+    ("rotary+kv_write", ("_rotary_write",)),
     ("kv_write", ("_write_kv",)),
     ("norm", ("_rms_norm",)),
     ("rotary", ("_rotary",)),

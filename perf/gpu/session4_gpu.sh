@@ -10,7 +10,10 @@
 #   part final (~6 min): the issue-4 table (perf/gpu/bench_table.sh part1) and seed-hot10 beside seed-12x128
 #     on the whole traces (--repeat 3, medians), with the final code.
 #
-#   bash perf/gpu/session4_gpu.sh upload|delay|final
+#   part fused (~3 min): rotary fused into the KV write (kvshare_kernels.fused_rotary.rotary_write_kv): GPU
+#     kernel/runtime/engine tests, fixed-256 x3 and fixed-64 x3 with step profiles.
+#
+#   bash perf/gpu/session4_gpu.sh upload|delay|final|fused
 PART=${1:-upload}
 OUT_DEFAULT=/tmp/kvshare-s4-out
 source "$(dirname "$0")/gpu_env.sh"
@@ -39,4 +42,10 @@ if [ "$PART" = final ]; then
   OUT="$OUT" stage bash perf/gpu/bench_table.sh part1 2>&1 | grep -E "^fixed|^seed|rc=" | tail -20
   stage timeout 200 $OFFLINE_7B --workloads seed-12x128,seed-hot10 --baselines "" --repeat 3 \
       --json "$OUT/hot10_full.json" 2>&1 | quiet | grep -E "^seed|rc=|per run" | tee "$OUT/hot10_full.log"
+fi
+if [ "$PART" = fused ]; then
+  stage timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/runtime \
+      tests/engine/test_overlap_schedule.py::test_overlap_with_cuda_graphs_is_identical 2>&1 | tail -4 | tee "$OUT/tests.log"
+  stage timeout 150 $OFFLINE_7B --workloads fixed-256:256:,fixed-64:128: --repeat 3 --step-profile \
+      --json "$OUT/fixed.json" 2>&1 | quiet | grep -E "^fixed|rc=|per run|decode graph|mixed" | tee "$OUT/fixed.log"
 fi

@@ -10,6 +10,11 @@ computed in fp32 and rounded once to the activation dtype. A program reads its t
 (int32 or int64) and cos/sin row once and rotates every q head and every k head of the token, so
 one launch replaces the ~12 small kernels of the torch version (gathers, slices, cat, mul, add).
 q and k may be strided views of a fused qkv projection (any token and head stride, contiguous D).
+
+rotary_write_kv does the same for q and, in the same program, writes the rotated k and v straight
+into their pool slots (write_kv's job): the rotated k never goes back to the projection buffer (the
+attention reads keys from the pool only), one launch per layer instead of two. Its rounding is the
+unfused pair's: rotated k is rounded to the activation dtype, then stored in the cache's dtype.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from . import checks
 
 
 @triton.jit
@@ -47,6 +54,87 @@ def _rotary_kernel(Q, K, COS, SIN, POS, stride_qt, stride_qh, stride_kt, stride_
     sin2 = tl.load(SIN + pos * stride_sin + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]
     _rotate_heads(Q, t, stride_qt, stride_qh, cos1, sin1, cos2, sin2, NUM_Q_HEADS, HALF, BLOCK_H, BLOCK_HALF)
     _rotate_heads(K, t, stride_kt, stride_kh, cos1, sin1, cos2, sin2, NUM_K_HEADS, HALF, BLOCK_H, BLOCK_HALF)
+
+
+@triton.jit
+def _rotate_heads_to_cache(X, t, stride_t, stride_h, cos1, sin1, cos2, sin2, KC, page, off,
+                           stride_kcp, stride_kct, stride_kch,
+                           NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    d = tl.arange(0, BLOCK_HALF)
+    for h0 in range(0, NUM_HEADS, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        mask = (h[:, None] < NUM_HEADS) & (d[None, :] < HALF)
+        p1 = X + t * stride_t + h[:, None] * stride_h + d[None, :]
+        x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
+        c1 = KC + page * stride_kcp + off * stride_kct + h[:, None] * stride_kch + d[None, :]
+        tl.store(c1, (x1 * cos1 - x2 * sin1).to(X.dtype.element_ty).to(KC.dtype.element_ty), mask=mask)
+        tl.store(c1 + HALF, (x2 * cos2 + x1 * sin2).to(X.dtype.element_ty).to(KC.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_write_kernel(Q, K, V, COS, SIN, POS, KC, VC, SLOTS,
+                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
+                         stride_kcp, stride_kct, stride_kch, stride_vcp, stride_vct, stride_vch,
+                         NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                         BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(POS + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)
+    dm = d < HALF
+    cos1 = tl.load(COS + pos * stride_cos + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    cos2 = tl.load(COS + pos * stride_cos + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    sin1 = tl.load(SIN + pos * stride_sin + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    sin2 = tl.load(SIN + pos * stride_sin + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    _rotate_heads(Q, t, stride_qt, stride_qh, cos1, sin1, cos2, sin2, NUM_Q_HEADS, HALF, BLOCK_H, BLOCK_HALF)
+    slot = tl.load(SLOTS + t).to(tl.int64)
+    if slot >= 0:                     # -1: padding, or a token whose KV is not kept
+        page = slot // PAGE_SIZE
+        off = slot % PAGE_SIZE
+        _rotate_heads_to_cache(K, t, stride_kt, stride_kh, cos1, sin1, cos2, sin2, KC, page, off,
+                               stride_kcp, stride_kct, stride_kch, NUM_K_HEADS, HALF, BLOCK_H, BLOCK_HALF)
+        e = tl.arange(0, BLOCK_D)
+        for h0 in range(0, NUM_K_HEADS, BLOCK_H):
+            h = h0 + tl.arange(0, BLOCK_H)
+            mask = (h[:, None] < NUM_K_HEADS) & (e[None, :] < HEAD_DIM)
+            v = tl.load(V + t * stride_vt + h[:, None] * stride_vh + e[None, :], mask=mask)
+            tl.store(VC + page * stride_vcp + off * stride_vct + h[:, None] * stride_vch + e[None, :],
+                     v.to(VC.dtype.element_ty), mask=mask)
+
+
+def rotary_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> torch.Tensor:
+    """rotary_embedding(q, k) and write_kv(k, v) in one launch; returns q (rotated in place).
+
+    k, v [T, Hkv, D] are read only (k is NOT rotated in place: its rotated values go to the cache);
+    k_cache, v_cache [P, page_size, Hkv, D]; slot_mapping int32/int64 [T], -1 = write nothing.
+    """
+    _check(q, k, cos, sin, positions)
+    checks.check_cache_pair(k_cache, v_cache)
+    t, hq, d = q.shape
+    _, page_size, hkv, _ = k_cache.shape
+    if k.shape != (t, hkv, d) or v.shape != (t, hkv, d):
+        raise ValueError(f"rotary_write_kv: k {tuple(k.shape)} / v {tuple(v.shape)} must be [T, {hkv}, {d}]")
+    if v.stride(-1) != 1:
+        raise ValueError("rotary_write_kv: v needs a contiguous last dim")
+    if slot_mapping.shape != (t,) or slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"rotary_write_kv: slot_mapping must be int32 [{t}], got {slot_mapping.dtype} "
+                         f"{tuple(slot_mapping.shape)}")
+    if t == 0:
+        return q
+    half = d // 2
+    block_half = triton.next_power_of_2(half)
+    block_h = max(1, min(triton.next_power_of_2(max(hq, hkv)), 2048 // block_half))
+    _rotary_write_kernel[(t,)](
+        q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        NUM_Q_HEADS=hq, NUM_K_HEADS=hkv, HALF=half, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        PAGE_SIZE=page_size, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=4,
+    )
+    return q
 
 
 def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -83,4 +171,4 @@ def _check(q, k, cos, sin, positions) -> None:
         raise ValueError(f"rotary_embedding: positions must be int32/int64 [{t}], got {positions.dtype} {tuple(positions.shape)}")
 
 
-__all__ = ["rotary_embedding"]
+__all__ = ["rotary_embedding", "rotary_write_kv"]

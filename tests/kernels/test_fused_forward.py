@@ -1,7 +1,8 @@
 """The Llama forward with the fused kernels (as on CUDA) against the torch path (as on the CPU).
 
 Under TRITON_INTERPRET=1 the fused kernels run on CPU tensors, so this checks the wiring in
-runtime/llama.py (residual stream updated in place, q/k rotated in the qkv buffer, silu*up, final norm)
+runtime/llama.py (residual stream updated in place, q rotated in the qkv buffer and rotated k/v written to the
+pool in one kernel, silu*up, final norm)
 in CI; on a GPU the same test runs compiled.
 """
 
@@ -27,7 +28,7 @@ def test_fused_forward_matches_torch_path(dtype, device):
     fused_model = LlamaModel(config, weights, device=torch.device("cpu"), dtype=dtype)
     fused_model.rope.cos, fused_model.rope.sin = fused_model.rope.cos.to(device), fused_model.rope.sin.to(device)
     fused_model.fused = True
-    fused_model._fused_rms_norm, fused_model._fused_rotary = fused_norm.rms_norm, fused_rotary.rotary_embedding
+    fused_model._fused_rms_norm, fused_model._fused_rotary_write_kv = fused_norm.rms_norm, fused_rotary.rotary_write_kv
     fused_model._fused_silu_mul = fused_silu.silu_and_mul
 
     page_size = 4

@@ -87,3 +87,52 @@ def test_rotary_full_size_gpu(dtype, t, hq, hkv):
     reference.rotary_embedding(q2, k2, rope.cos, rope.sin, positions.long())
     torch.testing.assert_close(q1.float(), q2.float(), rtol=TOL[dtype], atol=TOL[dtype])
     torch.testing.assert_close(k1.float(), k2.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("hq,hkv,d,page_size", [(4, 2, 16, 4), (3, 3, 24, 1), (8, 1, 32, 16)])
+def test_rotary_write_kv_equals_rotary_then_write_kv(dtype, pos_dtype, hq, hkv, d, page_size, device):
+    """The fused kernel against the two kernels it replaces, bit for bit: same q, same pool, slot -1
+    rows write nothing, k and v (views of the projection) are left as they were."""
+    t, num_pages = 7, 8
+    rope = _rope(d, dtype, device)
+    g = torch.Generator().manual_seed(hq * d + page_size)
+    positions = torch.tensor([0, 5, 63, 1, 17, 5, 40], dtype=pos_dtype, device=device)
+    slots = torch.randperm(num_pages * page_size, generator=g)[:t].to(torch.int32)
+    slots[[1, 4]] = -1
+    slots = slots.to(device)
+    pool = torch.randn(2, num_pages, page_size, hkv, d, generator=g).to(dtype).to(device)
+
+    _, q1, k1, v1 = _qkv(t, hq, hkv, d, dtype, device, seed=11)
+    kc1, vc1 = pool[0].clone(), pool[1].clone()
+    fused_rotary.rotary_embedding(q1, k1, rope.cos, rope.sin, positions)
+    from kvshare_kernels import kv_write
+    kv_write.write_kv(k1, v1, kc1, vc1, slots)
+
+    qkv2, q2, k2, v2 = _qkv(t, hq, hkv, d, dtype, device, seed=11)
+    k_before, v_before = k2.clone(), v2.clone()
+    kc2, vc2 = pool[0].clone(), pool[1].clone()
+    got = fused_rotary.rotary_write_kv(q2, k2, v2, rope.cos, rope.sin, positions, kc2, vc2, slots)
+
+    assert got.data_ptr() == q2.data_ptr()
+    assert torch.equal(q2, q1)
+    assert torch.equal(kc2, kc1) and torch.equal(vc2, vc1)
+    assert torch.equal(k2, k_before) and torch.equal(v2, v_before)      # read only
+    skipped = slots.cpu() < 0
+    untouched = torch.ones(num_pages * page_size, dtype=torch.bool)
+    untouched[slots.cpu()[~skipped].long()] = False
+    assert torch.equal(kc2.view(-1, hkv, d)[untouched.to(device)], pool[0].view(-1, hkv, d)[untouched.to(device)])
+
+
+def test_rotary_write_kv_rejects_bad_shapes(device):
+    rope = _rope(16, torch.float32, device)
+    _, q, k, v = _qkv(3, 4, 2, 16, torch.float32, device)
+    cache = torch.zeros(4, 4, 2, 16, device=device)
+    pos = torch.zeros(3, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        fused_rotary.rotary_write_kv(q, k, v, rope.cos, rope.sin, pos, cache, cache.clone(),
+                                     torch.zeros(2, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="must be \\[T, 3, 16\\]"):
+        fused_rotary.rotary_write_kv(q, k, v, rope.cos, rope.sin, pos, torch.zeros(4, 4, 3, 16, device=device),
+                                     torch.zeros(4, 4, 3, 16, device=device), torch.zeros(3, dtype=torch.int32, device=device))

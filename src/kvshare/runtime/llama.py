@@ -32,16 +32,16 @@ class LlamaModel:
         self.scale = config.head_dim ** -0.5
         c = config
         self._q, self._kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        # On CUDA the norms (with their residual adds), the rotary and silu(gate)*up run as fused Triton
+        # On CUDA the norms (with their residual adds), the rotary with the KV write, and silu(gate)*up run as fused Triton
         # kernels (kvshare_kernels.fused_*: one launch each instead of 2-12); the CPU keeps the torch ops
         # below, bit-identical to HF transformers. KVSHARE_FUSED_KERNELS=0 turns the fusion off.
         self.fused = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_FUSED_KERNELS", "1") != "0"
         if self.fused:
             from kvshare_kernels.fused_norm import rms_norm as fused_rms_norm
-            from kvshare_kernels.fused_rotary import rotary_embedding
+            from kvshare_kernels.fused_rotary import rotary_write_kv
             from kvshare_kernels.fused_silu import silu_and_mul
 
-            self._fused_rms_norm, self._fused_rotary = fused_rms_norm, rotary_embedding
+            self._fused_rms_norm, self._fused_rotary_write_kv = fused_rms_norm, rotary_write_kv
             self._fused_silu_mul = silu_and_mul
 
     @torch.inference_mode()
@@ -57,8 +57,7 @@ class LlamaModel:
             q = q.view(-1, c.num_heads, c.head_dim)
             k = k.view(-1, c.num_kv_heads, c.head_dim)
             v = v.view(-1, c.num_kv_heads, c.head_dim)
-            q, k = self._rotary(batch.positions, q, k)
-            self.ops.write_kv(k, v, kv.k[layer], kv.v[layer], batch.slot_mapping)
+            q = self._rotary_write_kv(batch, q, k, v, kv.k[layer], kv.v[layer])
             attn = self._attention(q, kv.k[layer], kv.v[layer], batch)
             h = F.linear(attn.reshape(-1, self._q), lw.o_proj)
             x, residual = self._add_norm(h, residual, lw.post_norm)
@@ -92,10 +91,15 @@ class LlamaModel:
         residual = residual + h
         return rms_norm(residual, weight, self.config.rms_norm_eps), residual
 
-    def _rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.fused:   # in place, in the qkv projection's buffer
-            return self._fused_rotary(q, k, self.rope.cos, self.rope.sin, positions)
-        return self.rope(positions, q, k)
+    def _rotary_write_kv(self, b: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Rotates q and k at their positions and stores the new K/V in their slots; returns q."""
+        if self.fused:   # one kernel: q rotated in place, rotated k and v straight into the pool
+            return self._fused_rotary_write_kv(q, k, v, self.rope.cos, self.rope.sin, b.positions,
+                                               k_cache, v_cache, b.slot_mapping)
+        q, k = self.rope(b.positions, q, k)
+        self.ops.write_kv(k, v, k_cache, v_cache, b.slot_mapping)
+        return q
 
     def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, b: ForwardBatch) -> torch.Tensor:
         if b.cascade is not None:
