@@ -12,10 +12,9 @@ CATEGORIES = (  # first match wins; names of cuBLAS/cutlass GEMMs vary by versio
     ("cascade merge", ("_cascade_merge",)),
     ("cascade suffix table", ("_suffix_table",)),
     ("attention", ("_decode_split", "_decode_merge", "_prefill_kernel")),
-    ("rotary+kv_write", ("_rotary_write",)),
     ("kv_write", ("_write_kv",)),
     ("norm", ("_rms_norm",)),
-    ("rotary", ("_rotary",)),
+    ("rotary (+kv_write)", ("_rotary",)),   # on CUDA the engine fuses the KV write into the rotary
     ("gemm", ("gemm", "sm90", "cutlass", "xmma", "nvjet", "cublas")),
     ("silu_mul", ("silu", "mul")),
     ("argmax/copy", ("argmax", "reduce", "copy", "index", "cat", "fill", "embedding")),

@@ -27,8 +27,10 @@ from . import checks
 
 
 @triton.jit
-def _rotate_heads(X, t, stride_t, stride_h, cos1, sin1, cos2, sin2,
+def _rotate_heads(X, t, stride_t, stride_h, cos1, sin1, cos2, sin2, DST, dst_base, stride_dh,
                   NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Token t's heads of X rotated into DST + dst_base (X itself: in place; a pool slot: the cache).
+    Rounded to X's dtype first, then stored in DST's, as a rotation followed by a copy would."""
     d = tl.arange(0, BLOCK_HALF)
     for h0 in range(0, NUM_HEADS, BLOCK_H):
         h = h0 + tl.arange(0, BLOCK_H)
@@ -36,64 +38,47 @@ def _rotate_heads(X, t, stride_t, stride_h, cos1, sin1, cos2, sin2,
         p1 = X + t * stride_t + h[:, None] * stride_h + d[None, :]
         x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
-        tl.store(p1, (x1 * cos1 - x2 * sin1).to(X.dtype.element_ty), mask=mask)
-        tl.store(p1 + HALF, (x2 * cos2 + x1 * sin2).to(X.dtype.element_ty), mask=mask)
+        o1 = DST + dst_base + h[:, None] * stride_dh + d[None, :]
+        tl.store(o1, (x1 * cos1 - x2 * sin1).to(X.dtype.element_ty).to(DST.dtype.element_ty), mask=mask)
+        tl.store(o1 + HALF, (x2 * cos2 + x1 * sin2).to(X.dtype.element_ty).to(DST.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _rotary_kernel(Q, K, COS, SIN, POS, stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
+def _cos_sin(COS, SIN, pos, stride_cos, stride_sin, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Position pos's rows of the tables, as the fp32 [1, D/2] halves (cos1, sin1, cos2, sin2)."""
+    d = tl.arange(0, BLOCK_HALF)
+    dm = d < HALF
+    cos1 = tl.load(COS + pos * stride_cos + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    cos2 = tl.load(COS + pos * stride_cos + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    sin1 = tl.load(SIN + pos * stride_sin + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    sin2 = tl.load(SIN + pos * stride_sin + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    return cos1, sin1, cos2, sin2
+
+
+@triton.jit
+def _rotary_kernel(Q, K, V, COS, SIN, POS, KC, VC, SLOTS,
+                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
+                   stride_kcp, stride_kct, stride_kch, stride_vcp, stride_vct, stride_vch,
                    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
-                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr):
+    """TO_CACHE: rotated k and v go to the token's pool slot (rotary_write_kv); else k is rotated in
+    place and V, KC, VC, SLOTS are not touched (rotary_embedding)."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(POS + t).to(tl.int64)
-    d = tl.arange(0, BLOCK_HALF)
-    dm = d < HALF
-    cos1 = tl.load(COS + pos * stride_cos + d, mask=dm, other=0.0).to(tl.float32)[None, :]
-    cos2 = tl.load(COS + pos * stride_cos + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]
-    sin1 = tl.load(SIN + pos * stride_sin + d, mask=dm, other=0.0).to(tl.float32)[None, :]
-    sin2 = tl.load(SIN + pos * stride_sin + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]
-    _rotate_heads(Q, t, stride_qt, stride_qh, cos1, sin1, cos2, sin2, NUM_Q_HEADS, HALF, BLOCK_H, BLOCK_HALF)
-    _rotate_heads(K, t, stride_kt, stride_kh, cos1, sin1, cos2, sin2, NUM_K_HEADS, HALF, BLOCK_H, BLOCK_HALF)
-
-
-@triton.jit
-def _rotate_heads_to_cache(X, t, stride_t, stride_h, cos1, sin1, cos2, sin2, KC, page, off,
-                           stride_kcp, stride_kct, stride_kch,
-                           NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    d = tl.arange(0, BLOCK_HALF)
-    for h0 in range(0, NUM_HEADS, BLOCK_H):
-        h = h0 + tl.arange(0, BLOCK_H)
-        mask = (h[:, None] < NUM_HEADS) & (d[None, :] < HALF)
-        p1 = X + t * stride_t + h[:, None] * stride_h + d[None, :]
-        x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
-        c1 = KC + page * stride_kcp + off * stride_kct + h[:, None] * stride_kch + d[None, :]
-        tl.store(c1, (x1 * cos1 - x2 * sin1).to(X.dtype.element_ty).to(KC.dtype.element_ty), mask=mask)
-        tl.store(c1 + HALF, (x2 * cos2 + x1 * sin2).to(X.dtype.element_ty).to(KC.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _rotary_write_kernel(Q, K, V, COS, SIN, POS, KC, VC, SLOTS,
-                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
-                         stride_kcp, stride_kct, stride_kch, stride_vcp, stride_vct, stride_vch,
-                         NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                         BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(POS + t).to(tl.int64)
-    d = tl.arange(0, BLOCK_HALF)
-    dm = d < HALF
-    cos1 = tl.load(COS + pos * stride_cos + d, mask=dm, other=0.0).to(tl.float32)[None, :]
-    cos2 = tl.load(COS + pos * stride_cos + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]
-    sin1 = tl.load(SIN + pos * stride_sin + d, mask=dm, other=0.0).to(tl.float32)[None, :]
-    sin2 = tl.load(SIN + pos * stride_sin + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]
-    _rotate_heads(Q, t, stride_qt, stride_qh, cos1, sin1, cos2, sin2, NUM_Q_HEADS, HALF, BLOCK_H, BLOCK_HALF)
+    cos1, sin1, cos2, sin2 = _cos_sin(COS, SIN, pos, stride_cos, stride_sin, HALF, BLOCK_HALF)
+    _rotate_heads(Q, t, stride_qt, stride_qh, cos1, sin1, cos2, sin2, Q, t * stride_qt, stride_qh,
+                  NUM_Q_HEADS, HALF, BLOCK_H, BLOCK_HALF)
+    if not TO_CACHE:
+        _rotate_heads(K, t, stride_kt, stride_kh, cos1, sin1, cos2, sin2, K, t * stride_kt, stride_kh,
+                      NUM_K_HEADS, HALF, BLOCK_H, BLOCK_HALF)
+        return
     slot = tl.load(SLOTS + t).to(tl.int64)
     if slot >= 0:                     # -1: padding, or a token whose KV is not kept
         page = slot // PAGE_SIZE
         off = slot % PAGE_SIZE
-        _rotate_heads_to_cache(K, t, stride_kt, stride_kh, cos1, sin1, cos2, sin2, KC, page, off,
-                               stride_kcp, stride_kct, stride_kch, NUM_K_HEADS, HALF, BLOCK_H, BLOCK_HALF)
+        _rotate_heads(K, t, stride_kt, stride_kh, cos1, sin1, cos2, sin2, KC, page * stride_kcp + off * stride_kct,
+                      stride_kch, NUM_K_HEADS, HALF, BLOCK_H, BLOCK_HALF)
         e = tl.arange(0, BLOCK_D)
         for h0 in range(0, NUM_K_HEADS, BLOCK_H):
             h = h0 + tl.arange(0, BLOCK_H)
@@ -101,6 +86,21 @@ def _rotary_write_kernel(Q, K, V, COS, SIN, POS, KC, VC, SLOTS,
             v = tl.load(V + t * stride_vt + h[:, None] * stride_vh + e[None, :], mask=mask)
             tl.store(VC + page * stride_vcp + off * stride_vct + h[:, None] * stride_vch + e[None, :],
                      v.to(VC.dtype.element_ty), mask=mask)
+
+
+def _launch(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, to_cache: bool) -> None:
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    half = d // 2
+    block_half = triton.next_power_of_2(half)
+    block_h = max(1, min(triton.next_power_of_2(max(hq, hkv)), 2048 // block_half))
+    _rotary_kernel[(t,)](
+        q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        NUM_Q_HEADS=hq, NUM_K_HEADS=hkv, HALF=half, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        PAGE_SIZE=k_cache.shape[1], BLOCK_H=block_h, BLOCK_HALF=block_half, TO_CACHE=to_cache, num_warps=4,
+    )
 
 
 def rotary_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -113,8 +113,8 @@ def rotary_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     """
     _check(q, k, cos, sin, positions)
     checks.check_cache_pair(k_cache, v_cache)
-    t, hq, d = q.shape
-    _, page_size, hkv, _ = k_cache.shape
+    t, _, d = q.shape
+    hkv = k_cache.shape[2]
     if k.shape != (t, hkv, d) or v.shape != (t, hkv, d):
         raise ValueError(f"rotary_write_kv: k {tuple(k.shape)} / v {tuple(v.shape)} must be [T, {hkv}, {d}]")
     if v.stride(-1) != 1:
@@ -122,18 +122,8 @@ def rotary_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     if slot_mapping.shape != (t,) or slot_mapping.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"rotary_write_kv: slot_mapping must be int32 [{t}], got {slot_mapping.dtype} "
                          f"{tuple(slot_mapping.shape)}")
-    if t == 0:
-        return q
-    half = d // 2
-    block_half = triton.next_power_of_2(half)
-    block_h = max(1, min(triton.next_power_of_2(max(hq, hkv)), 2048 // block_half))
-    _rotary_write_kernel[(t,)](
-        q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        NUM_Q_HEADS=hq, NUM_K_HEADS=hkv, HALF=half, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
-        PAGE_SIZE=page_size, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=4,
-    )
+    if t:
+        _launch(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, True)
     return q
 
 
@@ -145,17 +135,10 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
     lie in [0, max_position): they are not checked (a device check would synchronise).
     """
     _check(q, k, cos, sin, positions)
-    t, hq, d = q.shape
-    hkv = k.shape[1]
-    if t == 0:
-        return q, k
-    half = d // 2
-    block_half = triton.next_power_of_2(half)
-    block_h = max(1, min(triton.next_power_of_2(max(hq, hkv)), 2048 // block_half))
-    _rotary_kernel[(t,)](
-        q, k, cos, sin, positions, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
-        NUM_Q_HEADS=hq, NUM_K_HEADS=hkv, HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=4,
-    )
+    if q.shape[0]:
+        # without TO_CACHE the kernel never reads V, KC, VC or SLOTS: k stands in for them
+        k4 = k.unsqueeze(1)
+        _launch(q, k, k, cos, sin, positions, k4, k4, positions, False)
     return q, k
 
 
