@@ -27,7 +27,7 @@ if [ "$PART" = upload ]; then
   head -14 "$OUT/prefill.log"
   stage timeout 150 $OFFLINE_7B --workloads fixed-256:256:,fixed-64:128: --repeat 3 --step-profile \
       --json "$OUT/fixed.json" 2>&1 | quiet | grep -E "^fixed|rc=|^   " | tee "$OUT/fixed.log"
-  (cd perf/kernels && stage timeout 90 python3 bench_prefill_attention.py --sweep --sweep-shape 32,0,128 --sweep-only \
+  (cd perf/kernels && PYTHONPATH=../../src stage timeout 90 python3 bench_prefill_attention.py --sweep --sweep-shape 32,0,128 --sweep-only \
       --mha-only 2>&1 | grep "^|" | tee "$OUT/prefill_sweep.log")
 fi
 if [ "$PART" = delay ]; then
