@@ -41,8 +41,9 @@ def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bo
 
     The fields are built with numpy into two host blocks (int64, int32) and reach a CUDA device in
     two copies from pinned memory that do not wait for the device: a pageable torch.tensor(...,
-    device=cuda) blocks the host until the stream drains, which under overlap scheduling stalled
-    every prefill/mixed step's launches behind the previous step (~7 ms a step on the H200).
+    device=cuda) blocks the host until the stream drains, which under overlap scheduling held every
+    prefill/mixed step's host work behind the previous step (behind the Triton server on the H200:
+    0.84 -> 0.965 of the offline engine once it stopped; docs/results/h200-s4.md).
     """
     b = len(chunks)
     lens = np.fromiter((len(t) for t, _, _, _ in chunks), dtype=np.int64, count=b)
