@@ -23,7 +23,7 @@ def reference(chunks, page_size):
         ctx.append(start + len(tokens))
         if wants:
             logits.append(qsl[-1] - 1)
-    width = max(len(pages) for _, _, pages, _ in chunks)
+    width = 16 * -(-max(len(pages) for _, _, pages, _ in chunks) // 16)   # one stride class for the kernels
     table = [list(pages) + [0] * (width - len(pages)) for _, _, pages, _ in chunks]
     return ids, positions, slots, qsl, ctx, logits, table
 

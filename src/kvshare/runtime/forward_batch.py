@@ -50,7 +50,10 @@ def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bo
     starts = np.fromiter((s for _, s, _, _ in chunks), dtype=np.int64, count=b)
     wants = np.fromiter((w for _, _, _, w in chunks), dtype=bool, count=b)
     t = int(lens.sum())
-    max_pages = max((len(pt) for _, _, pt, _ in chunks), default=1) or 1
+    # The page table's row stride is a kernel argument, and Triton compiles one variant per class of
+    # it (== 1, divisible by 16, other): rounding the width up to 16 keeps every step in one class,
+    # so a new context length never triggers a compile mid-serving (unread columns cost nothing).
+    max_pages = _PAGE_TABLE_ALIGN * max(1, -(-max((len(pt) for _, _, pt, _ in chunks), default=1) // _PAGE_TABLE_ALIGN))
     qsl = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(lens, out=qsl[1:])
     table = np.zeros((b, max_pages), dtype=np.int32)
@@ -79,6 +82,9 @@ def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bo
         max_query_len=int(lens.max()) if b else 0, max_context=max_context,
         cascade=cascade if decode_only else None,
     )
+
+
+_PAGE_TABLE_ALIGN = 16
 
 
 class _Packer:
