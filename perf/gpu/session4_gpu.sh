@@ -13,7 +13,12 @@
 #   part fused (~3 min): rotary fused into the KV write (kvshare_kernels.fused_rotary.rotary_write_kv): GPU
 #     kernel/runtime/engine tests, fixed-256 x3 and fixed-64 x3 with step profiles.
 #
-#   bash perf/gpu/session4_gpu.sh upload|delay|final|fused
+#   part next (~6 min, not run yet: for session 5): what session 4 changed without measuring it:
+#     fixed-64 / fixed-256 --repeat 3 (does run 1 now match runs 2-3, with the page table padded to 16
+#     columns?), seed-12x128 and seed-hot10 whole traces with admission delay 0 and 8 (may the delay be a
+#     default?), the prefill tile sweep at fixed-256's chunks.
+#
+#   bash perf/gpu/session4_gpu.sh upload|delay|final|fused|next
 PART=${1:-upload}
 OUT_DEFAULT=/tmp/kvshare-s4-out
 source "$(dirname "$0")/gpu_env.sh"
@@ -48,4 +53,14 @@ if [ "$PART" = fused ]; then
       tests/engine/test_overlap_schedule.py::test_overlap_with_cuda_graphs_is_identical 2>&1 | tail -4 | tee "$OUT/tests.log"
   stage timeout 150 $OFFLINE_7B --workloads fixed-256:256:,fixed-64:128: --repeat 3 --step-profile \
       --json "$OUT/fixed.json" 2>&1 | quiet | grep -E "^fixed|rc=|per run|decode graph|mixed" | tee "$OUT/fixed.log"
+fi
+if [ "$PART" = next ]; then
+  stage timeout 150 $OFFLINE_7B --workloads fixed-256:256:,fixed-64:128: --repeat 3 --step-profile \
+      --json "$OUT/fixed.json" 2>&1 | quiet | grep -E "^fixed|rc=|per run|mixed" | tee "$OUT/fixed.log"
+  for d in 0 8; do
+    stage timeout 150 $OFFLINE_7B --workloads seed-12x128,seed-hot10 --baselines "" --repeat 3 --admission-delay "$d" \
+        --json "$OUT/seeds_d$d.json" 2>&1 | quiet | grep -E "^seed|rc=|per run" | tee "$OUT/seeds_d$d.log"
+  done
+  (cd perf/kernels && PYTHONPATH=../../src stage timeout 90 python3 bench_prefill_attention.py --sweep --sweep-shape 32,0,128 \
+      --sweep-only --mha-only 2>&1 | grep "^|" | tee "$OUT/prefill_sweep.log")
 fi
