@@ -91,3 +91,12 @@ def print_host_profile(title: str, rows: list[dict]) -> None:
     print(f"\n== {title} (per call: own ms, cumulative ms, calls)")
     for r in rows:
         print(f"   {r['own_ms']:8.3f} {r['cum_ms']:8.3f} x{r['calls']:7.1f}  {r['where']}")
+
+
+def save_json(out_dir, name: str, result: dict) -> None:
+    """result as out_dir/name (a profiler's --out); nothing when out_dir is None."""
+    import json
+
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / name).write_text(json.dumps(result, indent=1))

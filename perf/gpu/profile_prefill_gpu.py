@@ -25,7 +25,7 @@ from kvshare.engine.engine_config import EngineConfig
 from kvshare.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_profile import host_profile, kernel_table, print_host_profile, print_kernel_table, sync  # noqa: E402
+from kernel_profile import host_profile, kernel_table, print_host_profile, print_kernel_table, save_json, sync  # noqa: E402
 
 
 def in_prefill_phase(engine: LLMEngine) -> bool:
@@ -122,9 +122,7 @@ def main() -> None:
               f"host {s['host_ms']:8.2f} ms  wall {s['wall_ms']:8.2f} ms")
     print_host_profile("the prefill phase's steps, unsynchronised", host)
     print_kernel_table(f"prefill phase ({len(steps)} steps): {table['ms_total']} ms CUDA", table, top=15)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "profile_prefill.json").write_text(json.dumps(result, indent=1))
+    save_json(a.out, "profile_prefill.json", result)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from kvshare.runtime.cuda_graph_runner import resolve_future_ids
 from kvshare.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_profile import host_profile, kernel_table, print_host_profile, print_kernel_table, sync  # noqa: E402
+from kernel_profile import host_profile, kernel_table, print_host_profile, print_kernel_table, save_json, sync  # noqa: E402
 
 def build_steady_state(engine: LLMEngine, groups: int, members: int, system_len: int, question_len: int,
                        rng: random.Random) -> None:
@@ -132,9 +132,7 @@ def main() -> None:
         if key in result:
             r = result[key]
             print_kernel_table(f"{key}: {r['ms_total']} ms {r.get('shape', '')}", r, top=12)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "profile_shared_prefix.json").write_text(json.dumps(result, indent=1))
+    save_json(a.out, "profile_shared_prefix.json", result)
 
 
 if __name__ == "__main__":
