@@ -11,12 +11,16 @@ import hashlib
 from collections.abc import Sequence
 
 from kvshare.core import KVCacheManager, Scheduler, StepPlan
+from kvshare.core.host_tier import HostTier
 
 
 def make_runner(num_pages: int = 16, page_size: int = 4, *, max_running: int = 8, max_step_tokens: int = 64,
-                max_prefill_chunk: int = 64, policy: str = "lru", **scheduler_kw) -> "ShadowRunner":
-    """A ShadowRunner over a fresh pool (no watermark warnings) and a Scheduler with debug checks on."""
-    kv = KVCacheManager(num_pages, page_size, policy=policy, low_watermark=0.0)
+                max_prefill_chunk: int = 64, policy: str = "lru", host_slots: int = 0,
+                **scheduler_kw) -> "ShadowRunner":
+    """A ShadowRunner over a fresh pool (no watermark warnings) and a Scheduler with debug checks on;
+    host_slots > 0 puts a HostTier of that many pages below the pool."""
+    kv = KVCacheManager(num_pages, page_size, policy=policy, low_watermark=0.0,
+                        host_tier=HostTier(host_slots) if host_slots else None)
     scheduler = Scheduler(kv, max_running=max_running, max_step_tokens=max_step_tokens,
                           max_prefill_chunk=max_prefill_chunk, debug_checks=True, **scheduler_kw)
     return ShadowRunner(scheduler)
@@ -29,6 +33,7 @@ class ShadowRunner:
         self.page_size = scheduler.kv.page_size
         self.vocab = vocab
         self.slots: dict[int, bytes] = {}
+        self.host: dict[int, list[bytes | None]] = {}   # host slot -> the page's slot contents
         self.tokens: dict[int, list[int]] = {}
         self.fingerprints: dict[int, list[bytes]] = {}
         self.salts: dict[int, bytes] = {}
@@ -78,6 +83,14 @@ class ShadowRunner:
 
     def execute(self, plan: StepPlan) -> None:
         pool, size = self.kv.pool, self.page_size
+        for page, host_slot in plan.spills:          # the order the runner keeps: spills, loads, copies
+            self.host[host_slot] = [self.slots.get(page * size + offset) for offset in range(size)]
+        for host_slot, page in plan.loads:
+            # a request admitted later in the same step may already share the page: it reads it in
+            # the forward, after this load, so a refcount above 1 is fine; a free page is not
+            assert pool.refcount(page) >= 1, f"load destination {page} is not held by anyone"
+            for offset, value in enumerate(self.host[host_slot]):
+                self.slots[page * size + offset] = value  # type: ignore[assignment]
         for copy in plan.copies:
             assert pool.refcount(copy.src) >= 1, f"copy source {copy.src} is not pinned"
             assert pool.refcount(copy.dst) == 1, f"copy destination {copy.dst} is shared"

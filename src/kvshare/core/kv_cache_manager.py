@@ -7,6 +7,12 @@
                             page 5  rc=1  private tail of seq 8 (filled by a PageCopy from 9)
                             page 4  rc=0  cached (registered, evictable)   page 6 rc=0 free
 
+With a HostTier below the pool, an evicted full cached page (and the cached pages below it in the
+prefix tree, which its eviction unregisters) is first copied to a host slot (a *spill*), and an
+admission whose prompt continues past the GPU hits into host-resident pages gets fresh pages filled
+from the slots (a *load*) and registers them, instead of recomputing. take_transfers() hands the
+step's spills and loads to the scheduler's plan; the runner runs spills, then loads, then copies.
+
 Rules: only a page with refcount 1 owned by one sequence is ever written (its tail, at positions
 >= num_committed); shared pages are full and immutable; a prompt always leaves >= 1 token to
 compute; allocation is all-or-nothing. Copy-on-write sources are *pinned* (refcount + 1) from
@@ -22,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvshare.core.eviction import EvictionPolicy
+from kvshare.core.host_tier import HostTier
 from kvshare.core.page_pool import PagePool
 from kvshare.core.prefix_cache import CachedPage, HashFn, PrefixCache, PrefixMatch, PrefixNode, blake2b_128
 from kvshare.core.types import PageCopy, PoolStats
@@ -59,6 +66,7 @@ class KVCacheManager:
         hash_fn: HashFn = blake2b_128,
         max_partial_candidates: int = 8,
         low_watermark: float = 0.05,
+        host_tier: HostTier | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -72,8 +80,12 @@ class KVCacheManager:
         self._watermark_armed = True
         self._seqs: dict[int, _SeqPages] = {}
         self._pins: list[int] = []
+        self.host = host_tier if enable_prefix_caching else None
+        self._spills: list[tuple[int, int]] = []   # (GPU page, host slot) to copy before this step's forward
+        self._loads: list[tuple[int, int]] = []    # (host slot, GPU page)
         self.prefix_queries_tokens_total = 0
         self.prefix_hits_tokens_total = 0
+        self.host_hits_tokens_total = 0
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -136,7 +148,13 @@ class KVCacheManager:
         if token_budget < 1 or not token_ids:
             return None
         match = self._match(token_ids, salt)
-        plan = self._fit(match, len(token_ids), token_budget, reserve_pages)
+        host_run = self._host_run(match, token_ids, salt)
+        if host_run:
+            match = PrefixMatch(match.full)   # whole host pages go further than a partial run
+        plan = self._fit(match, len(token_ids), token_budget, reserve_pages, len(host_run))
+        if plan is None and host_run:
+            host_run = []                     # loading needs the pages a chunk of that size would
+            plan = self._fit(match, len(token_ids), token_budget, reserve_pages)
         if plan is None and match.partial is not None:
             # The pinned copy source costs one page for a step: without it, a request as large
             # as the whole pool could never be admitted.
@@ -148,17 +166,31 @@ class KVCacheManager:
         for page in hit_pages:  # retain first: the allocation below must not evict a hit
             self.pool.touch(page)
             self.pool.retain(page)
+        # take before allocating: the allocation's evictions spill into the tier and must not
+        # overwrite the slots this admission loads from
+        slots = [self.host.take(key).slot for key, _, _ in host_run] if host_run else []
         fresh = self.pool.allocate(need)
         copy = None
         if match.partial is not None:
             copy = PageCopy(match.partial.page, fresh[0], match.partial_tokens)
             self._pins.append(match.partial.page)
         table = [entry.page for entry in match.full] + fresh
-        self._seqs[seq_id] = _SeqPages(salt, table, list(match.full), num_committed=num_cached)
+        record = _SeqPages(salt, table, list(match.full), num_committed=num_cached)
+        self._load(record, host_run, slots, fresh)
+        self._seqs[seq_id] = record
         self.prefix_queries_tokens_total += len(token_ids)
         self.prefix_hits_tokens_total += num_cached
+        self.host_hits_tokens_total += len(host_run) * self.page_size
         self._check_watermark()
         return Admission(num_cached, num_tokens, copy)
+
+    def take_transfers(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+        """(spills, loads) decided since the last call, for the step being planned: spills (GPU page,
+        host slot) must run before loads (host slot, GPU page), both before the forward."""
+        spills, loads = tuple(self._spills), tuple(self._loads)
+        self._spills.clear()
+        self._loads.clear()
+        return spills, loads
 
     def extend(self, seq_id: int, num_tokens: int) -> bool:
         """Grow the page table to hold num_tokens tokens; False (changing nothing) if it can't."""
@@ -206,17 +238,20 @@ class KVCacheManager:
             self.pool.release(page)
 
     def release_pins(self) -> None:
-        """The step's copies ran: copy-on-write sources may be evicted again."""
+        """The step's copies ran: copy-on-write sources may be evicted again, host slots reused."""
         pins, self._pins = self._pins, []
         self.pool.release_all(pins)
+        if self.host is not None:
+            self.host.release_pins()
 
     # -- internals -----------------------------------------------------------------------------
 
     def _fit(
-        self, match: PrefixMatch, num_prompt: int, token_budget: int, reserve_pages: int
+        self, match: PrefixMatch, num_prompt: int, token_budget: int, reserve_pages: int, loaded_pages: int = 0
     ) -> tuple[int, int, int, list[int]] | None:
-        """(cached tokens, chunk tokens, fresh pages, hit pages) if the admission fits, else None."""
-        num_cached = match.num_tokens(self.page_size)
+        """(cached tokens, chunk tokens, fresh pages, hit pages) if the admission fits, else None.
+        loaded_pages: full pages after the match that come from the host tier (fresh, but cached)."""
+        num_cached = match.num_tokens(self.page_size) + loaded_pages * self.page_size
         num_tokens = min(num_prompt - num_cached, token_budget)
         need = self.pages_for(num_cached + num_tokens) - len(match.full)
         hit_pages = [entry.page for entry in match.full]
@@ -226,6 +261,42 @@ class KVCacheManager:
         if need + reserve_pages > self.pool.num_allocatable - revived:
             return None
         return num_cached, num_tokens, need, hit_pages
+
+    def _host_run(self, match: PrefixMatch, token_ids: Sequence[int], salt: bytes
+                  ) -> list[tuple[bytes, bytes, tuple[int, ...]]]:
+        """(key, parent key, tokens) of the prompt's full pages right after the GPU match that the
+        host tier holds, verified, in order; never the last token's page (it is computed)."""
+        if self.host is None or not len(self.host):
+            return []
+        size = self.page_size
+        parent: PrefixNode = match.full[-1] if match.full else self.prefix.root(salt)
+        first = len(match.full)
+        last = (len(token_ids) - 1) // size                 # full pages before the last token's
+        if first >= last:
+            return []
+        pages = [tuple(token_ids[j * size:(j + 1) * size]) for j in range(first, last)]
+        keys, node = [], PrefixNode(parent.key)
+        for tokens in pages:
+            node.key = self.prefix.page_key(node, salt, tokens)
+            keys.append(node.key)
+        run = self.host.match(keys, parent.key, salt, pages)
+        parents = [parent.key] + keys
+        return [(keys[j], parents[j], pages[j]) for j in range(len(run))]
+
+    def _load(self, record: _SeqPages, host_run: list[tuple[bytes, bytes, tuple[int, ...]]],
+              slots: list[int], fresh: list[int]) -> None:
+        """Schedule the host->GPU copies of an admission's host run into its first fresh pages and
+        register those pages, as commit() would once they were computed."""
+        for (_, _, tokens), slot, page in zip(host_run, slots, fresh):
+            self._loads.append((slot, page))
+            if not record.registrable:
+                continue
+            entry = self.prefix.register_full(self._parent(record), record.salt, tokens, page)
+            if entry is None or entry.page != page:
+                record.registrable = False       # cannot happen after a miss on this chain; stay safe
+                continue
+            self.pool.mark_reusable(page)
+            record.chain.append(entry)
 
     def _match(self, token_ids: Sequence[int], salt: bytes) -> PrefixMatch:
         if not self.enable_prefix_caching:
@@ -246,6 +317,12 @@ class KVCacheManager:
             self.pool.mark_reusable(page)
 
     def _on_evict(self, page: int) -> None:
+        if self.host is not None:   # keep the evicted page and the cached pages below it on the host
+            for entry in self.prefix.subtree(page):
+                if entry.is_full and entry.parent.alive:
+                    slot = self.host.store(entry.key, entry.parent.key, entry.salt, entry.tokens)
+                    if slot is not None:
+                        self._spills.append((entry.page, slot))
         self.prefix.drop(page)
 
     def _on_drop(self, page: int) -> None:

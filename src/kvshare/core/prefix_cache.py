@@ -108,6 +108,20 @@ class PrefixCache:
     def page_key(self, parent: PrefixNode, salt: bytes, tokens: Sequence[int]) -> bytes:
         return self.hash_fn(parent.key + len(salt).to_bytes(4, "little") + salt + encode_tokens(tokens))
 
+    def subtree(self, page: int) -> list[CachedPage]:
+        """The page's entry and every entry below it, parents before children (what drop() removes)."""
+        entry = self._by_page.get(page)
+        if entry is None:
+            return []
+        out: list[CachedPage] = []
+        stack: list[CachedPage] = [entry]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            for siblings in node.children.values():
+                stack.extend(siblings)
+        return out
+
     # -- lookup --------------------------------------------------------------------------------
 
     def match(self, token_ids: Sequence[int], salt: bytes, max_tokens: int) -> PrefixMatch:

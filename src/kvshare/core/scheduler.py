@@ -170,7 +170,8 @@ class Scheduler:
         self._inflight = chunks or None
         rejected, self._rejected = tuple(self._rejected), []
         self._debug_check()
-        return StepPlan(chunks, tuple(step.copies), tuple(step.preempted), rejected)
+        spills, loads = self.kv.take_transfers()
+        return StepPlan(chunks, tuple(step.copies), tuple(step.preempted), rejected, spills, loads)
 
     def _schedule_decodes(self, step: _StepBuilder) -> None:
         for seq in [s for s in self._running.values() if s.remaining == 1]:

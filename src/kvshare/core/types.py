@@ -61,16 +61,19 @@ class ScheduledChunk:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """Everything the runner must do for one engine step, in order: copies, then the forward."""
+    """Everything the runner must do for one engine step, in order: spills, loads, copies, the forward."""
 
     chunks: tuple[ScheduledChunk, ...] = ()  # prefill chunks first, then decodes (num_tokens == 1)
     copies: tuple[PageCopy, ...] = ()  # copy-on-write copies to run BEFORE the forward
     preempted: tuple[int, ...] = ()  # seq ids moved back to waiting (pages freed; recomputed later)
     rejected: tuple[tuple[int, str], ...] = ()  # seq ids that can never fit, with a message
+    # host tier (KVCacheManager's HostTier): run spills, then loads, then copies, then the forward
+    spills: tuple[tuple[int, int], ...] = ()  # (GPU page, host slot): evicted cached pages kept on the host
+    loads: tuple[tuple[int, int], ...] = ()  # (host slot, GPU page): cached prefix pages brought back
 
     @property
     def is_empty(self) -> bool:
-        return not (self.chunks or self.copies or self.preempted or self.rejected)
+        return not (self.chunks or self.copies or self.preempted or self.rejected or self.spills or self.loads)
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,118 @@
+"""HostTier: the pinned-CPU tier below the GPU page pool (bookkeeping only; the runner moves bytes).
+
+    GPU pool (PagePool + PrefixCache)                  HostTier (slots of a pinned host pool)
+    cached page evicted ---- spill: copy page -> slot ---> key -> HostPage(slot, parent key, salt, tokens)
+    admission misses on GPU -- load: copy slot -> page <--- longest run of the prompt's next keys
+
+A full cached page that the GPU pool evicts is copied to a free host slot instead of being lost
+(spill); a later prompt whose next pages are found here gets fresh GPU pages filled from the slots
+(load) instead of recomputing them. Entries are verified like the prefix cache's (parent key, salt
+and tokens), so a hash collision can never serve the wrong KV. When every slot is used the least
+recently stored or used entry goes. A slot that a load read or a spill wrote in the current step
+stays *pinned* until release_pins() (called after the runner executed the step's copies), so no
+later decision of the same step can overwrite it.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class HostPage:
+    slot: int
+    parent_key: bytes
+    salt: bytes
+    tokens: tuple[int, ...]
+
+
+class HostTier:
+    def __init__(self, num_slots: int) -> None:
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self.num_slots = num_slots
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))    # pop() hands out slot 0 first
+        self._entries: OrderedDict[bytes, HostPage] = OrderedDict()    # least recently used first
+        self._pinned: list[int] = []                                   # slots the current step reads or writes
+        self._pinned_entries: set[int] = set()                         # ... of those, slots still holding an entry
+        self.spills_total = 0
+        self.loads_total = 0
+        self.evictions_total = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._entries
+
+    def store(self, key: bytes, parent_key: bytes, salt: bytes, tokens: Sequence[int]) -> int | None:
+        """A slot to copy the page of ``key`` into, or None: already here (refreshed), or every slot
+        is pinned by this step. Evicts the least recently used unpinned entry when full."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return None
+        if not self._free and not self._evict_one():
+            return None
+        slot = self._free.pop()
+        self._entries[key] = HostPage(slot, parent_key, salt, tuple(tokens))
+        self._pin(slot, holds_entry=True)
+        self.spills_total += 1
+        return slot
+
+    def match(self, keys: Sequence[bytes], parent_key: bytes, salt: bytes,
+              pages: Sequence[Sequence[int]]) -> list[HostPage]:
+        """The longest run keys[0..r) held here and verified: each entry's parent is the previous key
+        (parent_key for the first), with this salt and these page tokens. Read-only."""
+        run: list[HostPage] = []
+        parent = parent_key
+        for key, tokens in zip(keys, pages):
+            entry = self._entries.get(key)
+            if entry is None or entry.parent_key != parent or entry.salt != salt or entry.tokens != tuple(tokens):
+                break
+            run.append(entry)
+            parent = key
+        return run
+
+    def take(self, key: bytes) -> HostPage:
+        """Remove an entry whose page is being loaded back to the GPU; its slot stays pinned (the
+        load has not run yet) and is free again after release_pins()."""
+        entry = self._entries.pop(key)
+        if entry.slot in self._pinned_entries:          # spilled and loaded back in the same step
+            self._pinned_entries.discard(entry.slot)
+        else:
+            self._pin(entry.slot, holds_entry=False)
+        self.loads_total += 1
+        return entry
+
+    def release_pins(self) -> None:
+        """The step's copies ran: pinned slots without an entry are free again."""
+        for slot in self._pinned:
+            if slot not in self._pinned_entries:
+                self._free.append(slot)
+        self._pinned.clear()
+        self._pinned_entries.clear()
+
+    def _pin(self, slot: int, holds_entry: bool) -> None:
+        self._pinned.append(slot)
+        if holds_entry:
+            self._pinned_entries.add(slot)
+
+    def _evict_one(self) -> bool:
+        for key, entry in self._entries.items():
+            if entry.slot not in self._pinned_entries:
+                del self._entries[key]
+                self._free.append(entry.slot)
+                self.evictions_total += 1
+                return True
+        return False
+
+    def check_integrity(self) -> None:
+        """Every slot is exactly one of: free, holding an entry, or pinned empty by a load."""
+        held = [e.slot for e in self._entries.values()]
+        loading = [s for s in self._pinned if s not in self._pinned_entries]
+        everything = self._free + held + loading
+        assert sorted(everything) == list(range(self.num_slots)), (
+            f"host slots lost or doubled: free {sorted(self._free)}, held {sorted(held)}, loading {sorted(loading)}")
+        assert self._pinned_entries <= set(held), "a pinned entry slot holds no entry"
+        assert len(set(self._pinned)) == len(self._pinned), "a slot pinned twice"
