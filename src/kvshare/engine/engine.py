@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.host_tier import HostTier
 from ..core.kv_cache_manager import KVCacheManager
 from ..core.scheduler import Scheduler
 from ..core.types import StepPlan
@@ -64,11 +65,15 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or loaded.config.max_position, loaded.config.max_position)
         num_pages = config.num_pages or pages_for_memory(
             loaded.config, page_size=config.page_size, dtype=dtype, budget_bytes=int(config.kv_cache_memory_gb * 2**30))
+        host_pages = 0
+        if config.host_cache_memory_gb > 0 and config.enable_prefix_caching:
+            host_pages = pages_for_memory(loaded.config, page_size=config.page_size, dtype=dtype,
+                                          budget_bytes=int(config.host_cache_memory_gb * 2**30))
         self.kv = KVCache.allocate(loaded.config, num_pages=num_pages, page_size=config.page_size,
-                                   dtype=dtype, device=self.device)
+                                   dtype=dtype, device=self.device, host_pages=host_pages)
         self.scheduler = Scheduler(
             KVCacheManager(num_pages, config.page_size, enable_prefix_caching=config.enable_prefix_caching,
-                           policy=config.eviction),
+                           policy=config.eviction, host_tier=HostTier(host_pages) if host_pages else None),
             max_running=config.max_running, max_step_tokens=config.max_step_tokens,
             max_prefill_chunk=config.max_prefill_chunk, debug_checks=config.debug_checks, admission=config.admission,
             admission_delay_steps=config.admission_delay_steps)
@@ -169,6 +174,7 @@ class LLMEngine:
         overlap = self.config.overlap_enabled and self._overlap_eligible(plan)
         if not overlap:
             outputs += self._resolve_pending()   # this step needs every token on the host
+        self.runner.transfer_pages(plan.spills, plan.loads)
         self.runner.copy_pages([(c.src, c.dst) for c in plan.copies])
         pending_rows = self._pending.rows if self._pending is not None else {}
         inputs = []

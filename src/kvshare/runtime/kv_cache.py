@@ -16,6 +16,13 @@ class KVCache:
     k: tuple[torch.Tensor, ...]   # per layer [num_pages, page_size, Hkv, D]
     v: tuple[torch.Tensor, ...]
     page_size: int
+    # the host tier's slots, per layer [host_pages, page_size, Hkv, D] on the CPU (pinned with CUDA)
+    host_k: tuple[torch.Tensor, ...] = ()
+    host_v: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def host_pages(self) -> int:
+        return self.host_k[0].shape[0] if self.host_k else 0
 
     @property
     def num_pages(self) -> int:
@@ -27,12 +34,23 @@ class KVCache:
 
     @classmethod
     def allocate(cls, config: ModelConfig, *, num_pages: int, page_size: int,
-                 dtype: torch.dtype, device: torch.device) -> "KVCache":
+                 dtype: torch.dtype, device: torch.device, host_pages: int = 0) -> "KVCache":
         shape = (num_pages, page_size, config.num_kv_heads, config.head_dim)
         k = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers))
         v = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers))
-        cache = cls(k, v, page_size)
+        host_k: tuple[torch.Tensor, ...] = ()
+        host_v: tuple[torch.Tensor, ...] = ()
+        if host_pages:
+            pin = device.type == "cuda"     # page copies to and from pinned memory run asynchronously
+            host_shape = (host_pages,) + shape[1:]
+            host_k = tuple(torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(config.num_layers))
+            host_v = tuple(torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(config.num_layers))
+        cache = cls(k, v, page_size, host_k, host_v)
         log.info("KV page pool: %d pages x %d tokens, %.1f MiB on %s", num_pages, page_size, cache.nbytes / 2**20, device)
+        if host_pages:
+            host_bytes = sum(t.numel() * t.element_size() for t in (*host_k, *host_v))
+            log.info("KV host tier: %d pages, %.1f MiB of %shost memory", host_pages, host_bytes / 2**20,
+                     "pinned " if device.type == "cuda" else "")
         return cache
 
 

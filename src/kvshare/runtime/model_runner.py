@@ -76,6 +76,19 @@ class ModelRunner:
                 cascade_members=cascade.max_members if cascade is not None else 16)
             self.graphs.capture()
 
+    def transfer_pages(self, spills: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]]) -> None:
+        """The host tier's moves, before the step's copies and forward: spills (GPU page -> host slot)
+        first, then loads (host slot -> GPU page), in stream order with the step."""
+        kv, copy = self.kv, self.model.ops.copy_pages
+        if spills:
+            pages = torch.tensor(spills, dtype=torch.int32).t().contiguous()
+            copy(list(kv.k), list(kv.v), to_device(pages[0], self.device), pages[1],
+                 dst_k_cache=list(kv.host_k), dst_v_cache=list(kv.host_v))
+        if loads:
+            pages = torch.tensor(loads, dtype=torch.int32).t().contiguous()
+            copy(list(kv.host_k), list(kv.host_v), pages[0], to_device(pages[1], self.device),
+                 dst_k_cache=list(kv.k), dst_v_cache=list(kv.v))
+
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:
             return
