@@ -131,6 +131,10 @@ class KVCacheManager:
             prefix_queries_tokens_total=self.prefix_queries_tokens_total,
             prefix_hits_tokens_total=self.prefix_hits_tokens_total,
             preemptions_total=0,
+            **({} if self.host is None else dict(
+                host_pages_total=self.host.num_slots, host_pages_used=len(self.host),
+                host_hits_tokens_total=self.host_hits_tokens_total, host_spills_total=self.host.spills_total,
+                host_loads_total=self.host.loads_total)),
         )
 
     # -- lifecycle of a sequence's pages -------------------------------------------------------

@@ -34,6 +34,12 @@ class PoolStats:
     prefix_queries_tokens_total: int
     prefix_hits_tokens_total: int
     preemptions_total: int
+    # the host tier below the pool (0 when there is none); host hits are part of prefix hits
+    host_pages_total: int = 0
+    host_pages_used: int = 0
+    host_hits_tokens_total: int = 0
+    host_spills_total: int = 0
+    host_loads_total: int = 0
 
     @property
     def allocatable(self) -> int:

@@ -25,12 +25,18 @@ class EngineMetrics:
             "cached": metric("kvshare_kv_pages_cached", G, "Unreferenced KV pages holding a reusable prefix"),
             "running": metric("kvshare_requests_running", G, "Requests being generated"),
             "waiting": metric("kvshare_requests_waiting", G, "Requests queued for admission"),
+            "host_total": metric("kvshare_kv_host_pages_total", G, "KV pages in the host tier (0: no tier)"),
+            "host_used": metric("kvshare_kv_host_pages_used", G, "Host-tier pages holding an evicted prefix page"),
         }
         self.counters = {
             "prefix_queries_tokens_total": metric("kvshare_prefix_cache_queries_tokens_total", C, "Prompt tokens looked up in the prefix cache"),
             "prefix_hits_tokens_total": metric("kvshare_prefix_cache_hits_tokens_total", C, "Prompt tokens served from shared pages"),
             "evictions_total": metric("kvshare_kv_evictions_total", C, "Cached pages evicted"),
             "preemptions_total": metric("kvshare_preemptions_total", C, "Requests preempted for lack of pages"),
+            "host_hits_tokens_total": metric("kvshare_prefix_cache_host_hits_tokens_total", C,
+                                             "Prompt tokens loaded back from the host tier (part of the prefix hits)"),
+            "host_spills_total": metric("kvshare_kv_host_spills_total", C, "Evicted cached pages copied to the host tier"),
+            "host_loads_total": metric("kvshare_kv_host_loads_total", C, "Host-tier pages copied back to the GPU pool"),
             "prompt_tokens_total": metric("kvshare_prompt_tokens_total", C, "Prompt tokens received"),
             "generation_tokens_total": metric("kvshare_generation_tokens_total", C, "Tokens generated"),
         }
@@ -41,13 +47,17 @@ class EngineMetrics:
     def update(self, stats: EngineStats, ttfts: list[float], itls: list[float]) -> None:
         pool = stats.pool
         for key, value in (("total", pool.total), ("free", pool.free), ("active", pool.active), ("cached", pool.cached),
-                           ("running", stats.requests_running), ("waiting", stats.requests_waiting)):
+                           ("running", stats.requests_running), ("waiting", stats.requests_waiting),
+                           ("host_total", pool.host_pages_total), ("host_used", pool.host_pages_used)):
             self.gauges[key].set(value)
         now = {
             "prefix_queries_tokens_total": pool.prefix_queries_tokens_total,
             "prefix_hits_tokens_total": pool.prefix_hits_tokens_total,
             "evictions_total": pool.evictions_total,
             "preemptions_total": pool.preemptions_total,
+            "host_hits_tokens_total": pool.host_hits_tokens_total,
+            "host_spills_total": pool.host_spills_total,
+            "host_loads_total": pool.host_loads_total,
             "prompt_tokens_total": stats.prompt_tokens_total,
             "generation_tokens_total": stats.generation_tokens_total,
         }
