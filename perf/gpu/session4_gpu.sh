@@ -18,7 +18,10 @@
 #     columns?), seed-12x128 and seed-hot10 whole traces with admission delay 0 and 8 (may the delay be a
 #     default?), the prefill tile sweep at fixed-256's chunks.
 #
-#   bash perf/gpu/session4_gpu.sh upload|delay|final|fused|next
+#   part tier (~5 min, not run yet): the host tier (EngineConfig.host_cache_memory_gb) on shared-prefix with a
+#     pool too small for its 64 system prompts (20 GB): without the tier, then with 64 GB of pinned host pages.
+#
+#   bash perf/gpu/session4_gpu.sh upload|delay|final|fused|next|tier
 PART=${1:-upload}
 OUT_DEFAULT=/tmp/kvshare-s4-out
 source "$(dirname "$0")/gpu_env.sh"
@@ -63,4 +66,10 @@ if [ "$PART" = next ]; then
   done
   (cd perf/kernels && PYTHONPATH=../../src stage timeout 90 python3 bench_prefill_attention.py --sweep --sweep-shape 32,0,128 \
       --sweep-only --mha-only 2>&1 | grep "^|" | tee "$OUT/prefill_sweep.log")
+fi
+if [ "$PART" = tier ]; then
+  for host in 0 64; do
+    stage timeout 280 $OFFLINE_7B --workloads shared-prefix:1024: $SP --admission-delay 8 --kv-gb 20 --host-cache-gb "$host" \
+        --json "$OUT/shared_kv20_host$host.json" 2>&1 | quiet | grep -E "^shared|rc=|^   " | tee "$OUT/shared_kv20_host$host.log"
+  done
 fi

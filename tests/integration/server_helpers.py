@@ -1,9 +1,19 @@
 """Small helpers shared by the integration tests (they talk to the real server through kvshare_client)."""
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from kvshare_client.metrics import fetch_metrics, metric_total, parse_samples
+
+ROOT = Path(__file__).resolve().parents[2]
 
 POOL_GAUGES = ("kvshare_kv_pages_total", "kvshare_kv_pages_free", "kvshare_kv_pages_active", "kvshare_kv_pages_cached")
 
@@ -25,3 +35,31 @@ def wait_for_idle_pool(metrics_url: str, timeout_s: float = 30.0) -> dict[str, f
         if time.monotonic() > deadline:
             raise AssertionError(f"pages still referenced after {timeout_s} s: {g}")
         time.sleep(0.25)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def own_llm_engine_server(env: dict[str, str], name: str) -> Iterator[object]:
+    """A real Triton server of a test module's own, on free ports, with only llm_engine loaded and
+    the engine settings in env (KVSHARE_*); yields its launch.ServerAddress, stops it after."""
+    from kvshare import launch
+
+    addr = launch.ServerAddress("127.0.0.1", free_port(), free_port(), free_port())
+    log_path = Path(tempfile.mkdtemp(prefix=f"kvshare-{name}-server-")) / "tritonserver.log"
+    proc = launch.start(ROOT / "model_repository", addr, log_path=log_path, extra_env=env,
+                        extra_args=["--model-control-mode=explicit", "--load-model=llm_engine",
+                                    "--exit-timeout-secs=10"])
+    try:
+        launch.wait_ready(proc, addr, timeout_s=float(os.environ.get("KVSHARE_TEST_SERVER_TIMEOUT", "400")))
+    except Exception as exc:
+        launch.stop(proc)
+        pytest.fail(f"the Triton server did not start: {exc}\n{log_path.read_text(errors='replace')[-6000:]}")
+    try:
+        yield addr
+    finally:
+        launch.stop(proc)

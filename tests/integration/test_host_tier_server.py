@@ -4,50 +4,27 @@ and streams the same tokens as a server that never evicted it. A server of its o
 SmolLM2 on the CPU)."""
 from __future__ import annotations
 
-import os
 import random
-import socket
-import tempfile
-from pathlib import Path
 
 import pytest
-from server_helpers import wait_for_idle_pool
+from server_helpers import own_llm_engine_server, wait_for_idle_pool
 
 from kvshare_client import GenerationRequest, KvshareClient
 from kvshare_client.metrics import fetch_metrics, metric_total, parse_samples
 
 pytestmark = pytest.mark.server
 
-ROOT = Path(__file__).resolve().parents[2]
 _rng = random.Random(5)
 PROMPT_A = [_rng.randrange(100, 40000) for _ in range(65)]     # 4 full pages of 16 + its last token
 PROMPT_B = [_rng.randrange(100, 40000) for _ in range(140)]    # 9 pages of a 12-page pool: A's pages go
 GREEDY = {"temperature": 0.0, "stream": True, "max_tokens": 4, "min_tokens": 4}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def tier_server():
-    from kvshare import launch
-
-    addr = launch.ServerAddress("127.0.0.1", _free_port(), _free_port(), _free_port())
-    log_path = Path(tempfile.mkdtemp(prefix="kvshare-tier-server-")) / "tritonserver.log"
     env = {"KVSHARE_DEBUG_CHECKS": "true", "KVSHARE_NUM_PAGES": "12", "KVSHARE_HOST_CACHE_MEMORY_GB": "0.05"}
-    proc = launch.start(ROOT / "model_repository", addr, log_path=log_path, extra_env=env,
-                        extra_args=["--model-control-mode=explicit", "--load-model=llm_engine",
-                                    "--exit-timeout-secs=10"])
-    try:
-        launch.wait_ready(proc, addr, timeout_s=float(os.environ.get("KVSHARE_TEST_SERVER_TIMEOUT", "400")))
-    except Exception as exc:
-        launch.stop(proc)
-        pytest.fail(f"the Triton server did not start: {exc}\n{log_path.read_text(errors='replace')[-6000:]}")
-    yield addr
-    launch.stop(proc)
+    with own_llm_engine_server(env, "tier") as addr:
+        yield addr
 
 
 def test_evicted_prefix_comes_back_from_the_host_tier(tier_server, triton_server):

@@ -4,47 +4,24 @@ the request. A second server of its own (only llm_engine loaded, SmolLM2 on the 
 from __future__ import annotations
 
 import math
-import os
-import socket
-import tempfile
-from pathlib import Path
 
 import pytest
-from server_helpers import wait_for_idle_pool
+from server_helpers import own_llm_engine_server, wait_for_idle_pool
 
 from kvshare_client import GenerationRequest, KvshareClient
 
 pytestmark = pytest.mark.server
 
-ROOT = Path(__file__).resolve().parents[2]
 INTERVAL = 4
 IDS = [504, 3458, 314, 253, 4214, 30, 1204, 2496, 288, 1102, 314, 2040, 30, 378, 3458, 30]
 FORCED = {"temperature": 0.0, "stream": True}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def interval_server():
-    from kvshare import launch
-
-    addr = launch.ServerAddress("127.0.0.1", _free_port(), _free_port(), _free_port())
-    log_path = Path(tempfile.mkdtemp(prefix="kvshare-interval-server-")) / "tritonserver.log"
     env = {"KVSHARE_DEBUG_CHECKS": "true", "KVSHARE_STREAM_INTERVAL": str(INTERVAL)}
-    proc = launch.start(ROOT / "model_repository", addr, log_path=log_path, extra_env=env,
-                        extra_args=["--model-control-mode=explicit", "--load-model=llm_engine",
-                                    "--exit-timeout-secs=10"])
-    try:
-        launch.wait_ready(proc, addr, timeout_s=float(os.environ.get("KVSHARE_TEST_SERVER_TIMEOUT", "400")))
-    except Exception as exc:
-        launch.stop(proc)
-        pytest.fail(f"the Triton server did not start: {exc}\n{log_path.read_text(errors='replace')[-6000:]}")
-    yield addr
-    launch.stop(proc)
+    with own_llm_engine_server(env, "interval") as addr:
+        yield addr
 
 
 @pytest.fixture(scope="module")

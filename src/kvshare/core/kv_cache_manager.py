@@ -30,7 +30,14 @@ from dataclasses import dataclass
 from kvshare.core.eviction import EvictionPolicy
 from kvshare.core.host_tier import HostTier
 from kvshare.core.page_pool import PagePool
-from kvshare.core.prefix_cache import CachedPage, HashFn, PrefixCache, PrefixMatch, PrefixNode, blake2b_128
+from kvshare.core.prefix_cache import (
+    CachedPage,
+    HashFn,
+    PrefixCache,
+    PrefixMatch,
+    PrefixNode,
+    blake2b_128,
+)
 from kvshare.core.types import PageCopy, PoolStats
 
 log = logging.getLogger("kvshare.core")
@@ -131,10 +138,10 @@ class KVCacheManager:
             prefix_queries_tokens_total=self.prefix_queries_tokens_total,
             prefix_hits_tokens_total=self.prefix_hits_tokens_total,
             preemptions_total=0,
-            **({} if self.host is None else dict(
-                host_pages_total=self.host.num_slots, host_pages_used=len(self.host),
-                host_hits_tokens_total=self.host_hits_tokens_total, host_spills_total=self.host.spills_total,
-                host_loads_total=self.host.loads_total)),
+            **({} if self.host is None else {
+                "host_pages_total": self.host.num_slots, "host_pages_used": len(self.host),
+                "host_hits_tokens_total": self.host_hits_tokens_total, "host_spills_total": self.host.spills_total,
+                "host_loads_total": self.host.loads_total}),
         )
 
     # -- lifecycle of a sequence's pages -------------------------------------------------------

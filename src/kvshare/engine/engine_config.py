@@ -14,7 +14,7 @@ class EngineConfig:
     kv_cache_memory_gb: float = 0.5
     # Host tier below the GPU pool (pinned host memory on CUDA): cached prefix pages the pool evicts
     # are copied there and loaded back when a prompt needs them again, instead of being recomputed
-    # (docs/tiers-plan.md). 0 = off. Needs prefix caching.
+    # (docs/tiers.md). 0 = off. Needs prefix caching.
     host_cache_memory_gb: float = 0.0
     max_model_len: int | None = None      # default: the model's max position
     max_running: int = 64
