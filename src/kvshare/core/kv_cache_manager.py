@@ -359,6 +359,10 @@ class KVCacheManager:
         """O(num_pages + table entries): pool, prefix index, and who references what."""
         self.pool.check_integrity()
         self.prefix.check_integrity()
+        if self.host is not None:
+            self.host.check_integrity()
+            spilled = [slot for _, slot in self._spills]
+            assert len(set(spilled)) == len(spilled), f"two spills into one host slot in a step: {self._spills}"
         refs: Counter[int] = Counter(self._pins)
         for seq_id, record in self._seqs.items():
             refs.update(record.table)
