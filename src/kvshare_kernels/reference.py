@@ -142,8 +142,16 @@ def copy_pages(k_cache: torch.Tensor | Sequence[torch.Tensor], v_cache: torch.Te
     for k, v, dk, dv in zip(ks, vs, dks, dvs):
         src = src_pages.to(k.device).long()
         dst = dst_pages.to(dk.device).long()
-        dk.index_copy_(0, dst, k.index_select(0, src).to(dk.device, dk.dtype))
-        dv.index_copy_(0, dst, v.index_select(0, src).to(dv.device, dv.dtype))
+        dk.index_copy_(0, dst, _moved(k.index_select(0, src), dk))
+        dv.index_copy_(0, dst, _moved(v.index_select(0, src), dv))
+
+
+def _moved(pages: torch.Tensor, dst_cache: torch.Tensor) -> torch.Tensor:
+    """pages on dst_cache's device and dtype. Host -> CUDA goes through pinned memory without waiting
+    for the stream (a pageable copy would block the host until the GPU drained)."""
+    if pages.device.type == "cpu" and dst_cache.device.type == "cuda":
+        return pages.pin_memory().to(dst_cache.device, non_blocking=True).to(dst_cache.dtype)
+    return pages.to(dst_cache.device, dst_cache.dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, residual: torch.Tensor | None = None,
