@@ -2,6 +2,7 @@
 
     python perf/core/admission_policy.py [--requests N] [--skips 4,16,32,64,256]
     python perf/core/admission_policy.py --admission-delay 0,2,4,8
+    python perf/core/admission_policy.py --host-pages 0,7629
 
 Replays SGLang's generated-shared-prefix shape (perf/core/workload_traces.py "shared-prefix": 64
 groups x 16 requests, a 2048-token group prefix + a 128-token question, shuffled so the groups
@@ -20,6 +21,11 @@ in flight (max_running still 64), as a loaded server does, so the policy has mor
 whole trace with its 256 output tokens, sent at once, max_running 256, 12,800 pages, cache_aware):
 steps by kind (decode-only / mixed / prefill-only), prefill tokens per mixed step, and a time
 estimate from that run's step costs (see DECODE_STEP_S).
+
+--host-pages replays that shape with a pool too small for the 64 prefixes (2,384 pages: 20 GB of
+llama-2-7b fp16 KV) and a host tier of N pages below it (7,629 pages: 64 GB): prompt tokens computed,
+served from the GPU pool, loaded from the host, and the pages spilled (bookkeeping only: what
+perf/gpu/session4_gpu.sh tier measures in time).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 from workload_traces import Trace, make_trace
 
 from kvshare.core import KVCacheManager, Scheduler, SeqState
+from kvshare.core.host_tier import HostTier
 
 CONCURRENCY = 64
 DEEP = 256  # the deeper-queue rows: requests in flight beyond max_running
@@ -60,6 +67,8 @@ class Result:
     decode_steps: int = 0  # steps with decode chunks only
     mixed_steps: int = 0  # steps with prefill and decode chunks
     mixed_prefill: int = 0  # prefill tokens computed in mixed steps
+    host_hits: int = 0  # prompt tokens loaded back from the host tier
+    host_spills: int = 0  # pages copied to the host tier
 
     @property
     def estimated_s(self) -> float:
@@ -71,8 +80,9 @@ class Result:
 
 def replay(trace: Trace, *, num_pages: int, policy: str, admission: str, sharing: bool = True,
            max_admission_skips: int | None = None, in_flight_limit: int = CONCURRENCY, seed: int = 0,
-           max_running: int = CONCURRENCY, admission_delay_steps: int = 0) -> Result:
-    kv = KVCacheManager(num_pages, PAGE_SIZE, policy=policy, enable_prefix_caching=sharing, low_watermark=0.0)
+           max_running: int = CONCURRENCY, admission_delay_steps: int = 0, host_pages: int = 0) -> Result:
+    kv = KVCacheManager(num_pages, PAGE_SIZE, policy=policy, enable_prefix_caching=sharing, low_watermark=0.0,
+                        host_tier=HostTier(host_pages) if host_pages else None)
     extra = {} if max_admission_skips is None else {"max_admission_skips": max_admission_skips}
     scheduler = Scheduler(kv, max_running=max_running, max_step_tokens=4096, max_prefill_chunk=2048,
                           admission=admission, admission_delay_steps=admission_delay_steps, **extra)
@@ -110,7 +120,8 @@ def replay(trace: Trace, *, num_pages: int, policy: str, admission: str, sharing
     assert stats.active == 0 and not added_at, f"leak: {stats}, never admitted: {sorted(added_at)[:8]}"
     prompt = sum(len(r.prompt_ids) for r in trace.requests)
     return Result(cached / prompt, stats.evictions_total, prefill, steps, stats.preemptions_total,
-                  max(waits), sum(waits) / len(waits), decode_steps, mixed_steps, mixed_prefill)
+                  max(waits), sum(waits) / len(waits), decode_steps, mixed_steps, mixed_prefill,
+                  stats.host_hits_tokens_total, stats.host_spills_total)
 
 
 HEADER = (f"{'pages':>6} {'evic':<4} {'admission':<12} {'hit':>6} {'evictions':>9} {'prefill':>10} "
@@ -157,6 +168,24 @@ def admission_delay_sweep(delays: list[int], requests: int | None) -> None:
           f"+ {PREFILL_TOKEN_S * 1e6:.0f} us per prefill token (H200 profile, whole trace; a model, not a measurement)")
 
 
+def host_tier_sweep(host_pages: list[int], requests: int | None, pool: int = 2_384) -> None:
+    """The H200 shared-prefix shape (delay 8) with a small pool, with and without a host tier."""
+    trace = make_trace("shared-prefix")
+    trace = dataclasses.replace(trace, requests=trace.requests[: requests or len(trace.requests)])
+    prompt = sum(len(r.prompt_ids) for r in trace.requests)
+    print(f"shared-prefix: {len(trace.requests)} requests sent at once, max_running 256, {pool:,} pages, "
+          f"cache_aware, lru, admission delay 8; {prompt:,} prompt tokens")
+    print(f"{'host pages':>10} {'computed':>10} {'from GPU':>10} {'from host':>10} {'spills':>7} {'steps':>6} "
+          f"{'preempt':>7} {'est. s':>7}")
+    for host in host_pages:
+        r = replay(trace, num_pages=pool, policy="lru", admission="cache_aware", in_flight_limit=len(trace.requests),
+                   max_running=256, admission_delay_steps=8, host_pages=host)
+        from_gpu = round(r.hit * prompt) - r.host_hits
+        print(f"{host:>10,} {r.prefill:>10,} {from_gpu:>10,} {r.host_hits:>10,} {r.host_spills:>7,} {r.steps:>6} "
+              f"{r.preemptions:>7} {r.estimated_s:>7.1f}")
+    print("est. s: the --admission-delay step-cost model; host copies are not charged (a model, not a measurement)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=None, help="cut the trace (default: all 1024)")
@@ -165,7 +194,12 @@ def main() -> None:
                         help="instead: seed-hot10's first 36 requests in a closed loop of 12 (the H200 run's shape)")
     parser.add_argument("--admission-delay", default="", metavar="D,D,...",
                         help="instead: sweep admission_delay_steps (e.g. 0,2,4,8) in the H200 run's shape")
+    parser.add_argument("--host-pages", default="", metavar="N,N,...",
+                        help="instead: a host tier of N pages below a 2,384-page pool (e.g. 0,7629)")
     args = parser.parse_args()
+    if args.host_pages:
+        host_tier_sweep([int(n) for n in args.host_pages.split(",")], args.requests)
+        return
     if args.admission_delay:
         admission_delay_sweep([int(d) for d in args.admission_delay.split(",")], args.requests)
         return
