@@ -115,7 +115,8 @@ def warm_up(engine: LLMEngine, trace: Trace, vocab: int) -> None:
 def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label: str) -> Row:
     concurrency = len(trace.requests) if args.open_loop else (trace.concurrency or 64)
     cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
-                       kv_cache_memory_gb=args.kv_gb, host_cache_memory_gb=args.host_cache_gb, max_running=args.max_running or max(trace.concurrency or 64, 1),
+                       kv_cache_memory_gb=args.kv_gb, host_cache_memory_gb=args.host_cache_gb,
+                       host_cache_min_hits=args.host_min_hits, max_running=args.max_running or max(trace.concurrency or 64, 1),
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
                        enable_prefix_caching=sharing, overlap_schedule=args.overlap, cascade_attention=args.cascade, eviction=args.eviction,
                        **({"admission": args.admission} if args.admission else {}),
@@ -296,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-cache-gb", type=float, default=0.0,
                     help="host tier below the pool (EngineConfig.host_cache_memory_gb; 0 = none): evicted prefix "
                          "pages are kept there and loaded back instead of recomputed")
+    ap.add_argument("--host-min-hits", type=int, default=1,
+                    help="spill only pages that many admissions shared (0: every evicted page)")
     ap.add_argument("--max-step-tokens", type=int, default=4096)
     ap.add_argument("--max-prefill-chunk", type=int, default=2048)
     ap.add_argument("--max-running", type=int, default=None, help="engine batch limit; default the trace's concurrency")
@@ -336,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = [f"{args.admission}" if args.admission else "",
                 f"delay {args.admission_delay}" if args.admission_delay is not None else "", overlap_label(args.overlap),
                 "" if args.cascade else "no cascade", "" if args.eviction == "lru" else args.eviction,
-                f"host {args.host_cache_gb:g} GB" if args.host_cache_gb else "",
+                f"host {args.host_cache_gb:g} GB" + ("" if args.host_min_hits == 1 else f" min hits {args.host_min_hits}")
+                if args.host_cache_gb else "",
                 f"T={args.temperature:g}" if args.temperature else "", f"top-k {args.top_k}" if args.top_k else ""]
     variant = f" ({', '.join(x for x in settings if x)})" if any(settings) else ""
     for name, max_requests, baselines in specs:

@@ -19,7 +19,8 @@
 #     default?), the prefill tile sweep at fixed-256's chunks.
 #
 #   part tier (~5 min, not run yet): the host tier (EngineConfig.host_cache_memory_gb) on shared-prefix with a
-#     pool too small for its 64 system prompts (20 GB): without the tier, then with 64 GB of pinned host pages.
+#     pool too small for its 64 system prompts (20 GB): without the tier, then with 64 GB of pinned host pages
+#     (shared pages only, the default), then spilling every evicted page (--host-min-hits 0).
 #
 #   bash perf/gpu/session4_gpu.sh upload|delay|final|fused|next|tier
 PART=${1:-upload}
@@ -68,8 +69,10 @@ if [ "$PART" = next ]; then
       --sweep-only --mha-only 2>&1 | grep "^|" | tee "$OUT/prefill_sweep.log")
 fi
 if [ "$PART" = tier ]; then
-  for host in 0 64; do
-    stage timeout 280 $OFFLINE_7B --workloads shared-prefix:1024: $SP --admission-delay 8 --kv-gb 20 --host-cache-gb "$host" \
-        --json "$OUT/shared_kv20_host$host.json" 2>&1 | quiet | grep -E "^shared|rc=|^   " | tee "$OUT/shared_kv20_host$host.log"
+  for run in "0 1" "64 1" "64 0"; do
+    set -- $run
+    stage timeout 280 $OFFLINE_7B --workloads shared-prefix:1024: $SP --admission-delay 8 --kv-gb 20 --host-cache-gb "$1" \
+        --host-min-hits "$2" --json "$OUT/shared_kv20_host$1_hits$2.json" 2>&1 | quiet | grep -E "^shared|rc=|^   " \
+        | tee "$OUT/shared_kv20_host$1_hits$2.log"
   done
 fi

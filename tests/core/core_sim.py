@@ -15,12 +15,12 @@ from kvshare.core.host_tier import HostTier
 
 
 def make_runner(num_pages: int = 16, page_size: int = 4, *, max_running: int = 8, max_step_tokens: int = 64,
-                max_prefill_chunk: int = 64, policy: str = "lru", host_slots: int = 0,
+                max_prefill_chunk: int = 64, policy: str = "lru", host_slots: int = 0, host_min_hits: int = 1,
                 **scheduler_kw) -> "ShadowRunner":
     """A ShadowRunner over a fresh pool (no watermark warnings) and a Scheduler with debug checks on;
     host_slots > 0 puts a HostTier of that many pages below the pool."""
     kv = KVCacheManager(num_pages, page_size, policy=policy, low_watermark=0.0,
-                        host_tier=HostTier(host_slots) if host_slots else None)
+                        host_tier=HostTier(host_slots) if host_slots else None, host_min_hits=host_min_hits)
     scheduler = Scheduler(kv, max_running=max_running, max_step_tokens=max_step_tokens,
                           max_prefill_chunk=max_prefill_chunk, debug_checks=True, **scheduler_kw)
     return ShadowRunner(scheduler)

@@ -3,22 +3,25 @@ its prefix): pages evicted from a small pool are spilled, come back by loads ins
 recomputed, and every read still sees its own prefix."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core_sim import make_runner
 
 
+PROMPT_A = list(range(1, 18))                 # 4 full pages of 4 + 1 token
+PROMPT_B = list(range(30, 58))                # 7 full pages: pushes A's pages out of an 8-page pool
+
+
 def test_evicted_prefix_comes_back_from_the_host():
     page = 4
-    prompt_a = list(range(1, 18))                 # 4 full pages + 1 token
-    prompt_b = list(range(30, 58))                # 7 full pages: pushes A's pages out of an 8-page pool
+    prompt_a, prompt_b = PROMPT_A, PROMPT_B
     for host_slots, expect_cached in ((0, 0), (8, 16)):
         r = make_runner(num_pages=8, page_size=page, host_slots=host_slots)
-        r.add(1, prompt_a, max_new_tokens=2)
-        r.run_until_idle()
-        r.add(2, prompt_b, max_new_tokens=2)
-        r.run_until_idle()
+        for seq_id, prompt in enumerate((prompt_a, prompt_a, prompt_b)):   # A twice: its pages were shared
+            r.add(seq_id, prompt, max_new_tokens=2)
+            r.run_until_idle()
         computed_before = r.tokens_computed
         r.add(3, prompt_a, max_new_tokens=2)
         r.run_until_idle()
@@ -28,6 +31,18 @@ def test_evicted_prefix_comes_back_from_the_host():
         r.kv.check_integrity()
         if r.kv.host is not None:
             r.kv.host.check_integrity()
+
+
+@pytest.mark.parametrize("min_hits, expect_cached", [(1, 0), (0, 16)])
+def test_only_shared_pages_are_spilled_by_default(min_hits, expect_cached):
+    """A prompt nobody shared is not kept on the host (selective write-through); with
+    host_min_hits=0 every evicted page is."""
+    r = make_runner(num_pages=8, page_size=4, host_slots=8, host_min_hits=min_hits)
+    for seq_id, prompt in enumerate((PROMPT_A, PROMPT_B, PROMPT_A)):
+        r.add(seq_id, prompt, max_new_tokens=2)
+        r.run_until_idle()
+    assert r.kv.host_hits_tokens_total == expect_cached
+    r.kv.check_integrity()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

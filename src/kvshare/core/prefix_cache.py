@@ -49,7 +49,7 @@ class PrefixNode:
 
 
 class CachedPage(PrefixNode):
-    __slots__ = ("page", "tokens", "salt", "parent", "is_full")
+    __slots__ = ("page", "tokens", "salt", "parent", "is_full", "hits")
 
     def __init__(
         self, key: bytes, page: int, tokens: tuple[int, ...], salt: bytes, parent: PrefixNode, is_full: bool
@@ -60,6 +60,7 @@ class CachedPage(PrefixNode):
         self.salt = salt
         self.parent = parent
         self.is_full = is_full
+        self.hits = 0           # admissions that shared this page (the host tier keeps shared pages)
 
     def __repr__(self) -> str:
         kind = "full" if self.is_full else "partial"

@@ -73,7 +73,8 @@ class LLMEngine:
                                    dtype=dtype, device=self.device, host_pages=host_pages)
         self.scheduler = Scheduler(
             KVCacheManager(num_pages, config.page_size, enable_prefix_caching=config.enable_prefix_caching,
-                           policy=config.eviction, host_tier=HostTier(host_pages) if host_pages else None),
+                           policy=config.eviction, host_tier=HostTier(host_pages) if host_pages else None,
+                           host_min_hits=config.host_cache_min_hits),
             max_running=config.max_running, max_step_tokens=config.max_step_tokens,
             max_prefill_chunk=config.max_prefill_chunk, debug_checks=config.debug_checks, admission=config.admission,
             admission_delay_steps=config.admission_delay_steps)

@@ -16,6 +16,9 @@ class EngineConfig:
     # are copied there and loaded back when a prompt needs them again, instead of being recomputed
     # (docs/tiers.md). 0 = off. Needs prefix caching.
     host_cache_memory_gb: float = 0.0
+    # Spill only pages at least this many admissions shared (1: SGLang's selective write-through;
+    # 0: every evicted page). The shared-prefix replay favours 1 with a large tier (docs/tiers.md).
+    host_cache_min_hits: int = 1
     max_model_len: int | None = None      # default: the model's max position
     max_running: int = 64
     max_queued_requests: int = 1024       # running + waiting; past it new requests get UNAVAILABLE
