@@ -177,6 +177,41 @@ def test_a_finished_request_is_no_longer_probed():
         loop.shutdown()
 
 
+def test_no_probe_runs_once_its_final_output_is_delivered():
+    """In the Triton stub the final response frees the request's response factory: a probe that
+    starts after it (is_cancelled on freed memory) crashed the server (SIGSEGV in
+    TRITONBACKEND_ResponseFactoryIsCancelled). Slow probes widen the window."""
+    engine = FakeEngine(step_s=0.001)
+    finals: set[str] = set()
+    late: list[str] = []
+
+    def sink(out: RequestOutput) -> None:
+        if out.finished:
+            finals.add(out.request_id)
+
+    def probe(rid: str):
+        def is_cancelled() -> bool:
+            if rid in finals:
+                late.append(rid)
+            time.sleep(0.002)
+            return False
+        return is_cancelled
+
+    loop = EngineLoop(engine, cancel_poll_s=0.001)
+    try:
+        for i in range(40):
+            loop.submit(Submission(f"r{i}", [1], SamplingParams(max_tokens=1 + i % 4, temperature=0.0, ignore_eos=True),
+                                   "", False, sink, probe(f"r{i}")))
+        deadline = time.monotonic() + 10
+        while len(finals) < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        assert len(finals) == 40
+        assert not late, f"probed after their final output: {late[:5]}"
+    finally:
+        loop.shutdown()
+
+
 def test_shutdown_ends_everything_and_stops_both_threads():
     engine = FakeEngine(step_s=0.001)
     batches: queue.SimpleQueue = queue.SimpleQueue()

@@ -155,13 +155,19 @@ class EngineLoop:
         """Watcher thread: a probe that fires turns into a cancel in the engine's inbox."""
         while not self._stopping.wait(self._cancel_poll_s):
             with self._probe_lock:
-                probes = list(self._probes.items())
-            for rid, probe in probes:
-                if self._safe(probe):
-                    with self._probe_lock:
-                        fired = self._probes.pop(rid, None) is not None
+                rids = list(self._probes)
+            for rid in rids:
+                # Each probe runs under the lock, and only while still registered: _deliver drops it
+                # under the same lock before the final output goes out, and in the Triton stub the
+                # final response frees what the probe reads (a probe after it crashed the server).
+                # The engine thread waits for at most one probe call.
+                with self._probe_lock:
+                    probe = self._probes.get(rid)
+                    fired = probe is not None and self._safe(probe)
                     if fired:
-                        self.cancel(rid)
+                        del self._probes[rid]
+                if fired:
+                    self.cancel(rid)
 
     def _step(self) -> None:
         try:
