@@ -2,7 +2,7 @@
 
     python perf/core/admission_policy.py [--requests N] [--skips 4,16,32,64,256]
     python perf/core/admission_policy.py --admission-delay 0,2,4,8
-    python perf/core/admission_policy.py --host-pages 0,7629
+    python perf/core/admission_policy.py --host-pages 0,2000,7629 [--host-min-hits 0]
 
 Replays SGLang's generated-shared-prefix shape (perf/core/workload_traces.py "shared-prefix": 64
 groups x 16 requests, a 2048-token group prefix + a 128-token question, shuffled so the groups
@@ -80,9 +80,10 @@ class Result:
 
 def replay(trace: Trace, *, num_pages: int, policy: str, admission: str, sharing: bool = True,
            max_admission_skips: int | None = None, in_flight_limit: int = CONCURRENCY, seed: int = 0,
-           max_running: int = CONCURRENCY, admission_delay_steps: int = 0, host_pages: int = 0) -> Result:
+           max_running: int = CONCURRENCY, admission_delay_steps: int = 0, host_pages: int = 0,
+           host_min_hits: int = 1) -> Result:
     kv = KVCacheManager(num_pages, PAGE_SIZE, policy=policy, enable_prefix_caching=sharing, low_watermark=0.0,
-                        host_tier=HostTier(host_pages) if host_pages else None)
+                        host_tier=HostTier(host_pages) if host_pages else None, host_min_hits=host_min_hits)
     extra = {} if max_admission_skips is None else {"max_admission_skips": max_admission_skips}
     scheduler = Scheduler(kv, max_running=max_running, max_step_tokens=4096, max_prefill_chunk=2048,
                           admission=admission, admission_delay_steps=admission_delay_steps, **extra)
@@ -148,18 +149,29 @@ def hot10_closed_loop() -> None:
         print(row(20_000, "lru", admission, r))
 
 
+H200_RUNNING = 256   # the H200 shared-prefix run: the whole trace sent at once, cache_aware, LRU
+
+
+def h200_trace(requests: int | None) -> Trace:
+    trace = make_trace("shared-prefix")
+    return dataclasses.replace(trace, requests=trace.requests[: requests or len(trace.requests)])
+
+
+def h200_replay(trace: Trace, num_pages: int, **kw) -> Result:
+    return replay(trace, num_pages=num_pages, policy="lru", admission="cache_aware",
+                  in_flight_limit=len(trace.requests), max_running=H200_RUNNING, **kw)
+
+
 def admission_delay_sweep(delays: list[int], requests: int | None) -> None:
     """The H200 shared-prefix run's shape, with and without the admission delay."""
-    trace = make_trace("shared-prefix")
-    trace = dataclasses.replace(trace, requests=trace.requests[: requests or len(trace.requests)])
-    pages, running = 12_800, 256
+    trace = h200_trace(requests)
+    pages, running = 12_800, H200_RUNNING
     print(f"shared-prefix: {len(trace.requests)} requests sent at once, {trace.requests[0].max_new_tokens} output "
           f"tokens, max_running {running}, {pages:,} pages, cache_aware, lru")
     print(f"{'delay':>5} {'steps':>6} {'decode':>6} {'mixed':>6} {'prefill':>7} {'prefill tok':>11} "
           f"{'per mixed':>9} {'hit':>6} {'preempt':>7} {'mean wait':>9} {'max wait':>8} {'est. s':>7}")
     for delay in delays:
-        r = replay(trace, num_pages=pages, policy="lru", admission="cache_aware", in_flight_limit=len(trace.requests),
-                   max_running=running, admission_delay_steps=delay)
+        r = h200_replay(trace, pages, admission_delay_steps=delay)
         only_prefill = r.steps - r.decode_steps - r.mixed_steps
         print(f"{delay:>5} {r.steps:>6} {r.decode_steps:>6} {r.mixed_steps:>6} {only_prefill:>7} {r.prefill:>11,} "
               f"{r.mixed_prefill / max(r.mixed_steps, 1):>9,.0f} {r.hit:>6.1%} {r.preemptions:>7} "
@@ -168,18 +180,16 @@ def admission_delay_sweep(delays: list[int], requests: int | None) -> None:
           f"+ {PREFILL_TOKEN_S * 1e6:.0f} us per prefill token (H200 profile, whole trace; a model, not a measurement)")
 
 
-def host_tier_sweep(host_pages: list[int], requests: int | None, pool: int = 2_384) -> None:
+def host_tier_sweep(host_pages: list[int], requests: int | None, min_hits: int, pool: int = 2_384) -> None:
     """The H200 shared-prefix shape (delay 8) with a small pool, with and without a host tier."""
-    trace = make_trace("shared-prefix")
-    trace = dataclasses.replace(trace, requests=trace.requests[: requests or len(trace.requests)])
+    trace = h200_trace(requests)
     prompt = sum(len(r.prompt_ids) for r in trace.requests)
-    print(f"shared-prefix: {len(trace.requests)} requests sent at once, max_running 256, {pool:,} pages, "
-          f"cache_aware, lru, admission delay 8; {prompt:,} prompt tokens")
+    print(f"shared-prefix: {len(trace.requests)} requests sent at once, max_running {H200_RUNNING}, {pool:,} pages, "
+          f"cache_aware, lru, admission delay 8, host_min_hits {min_hits}; {prompt:,} prompt tokens")
     print(f"{'host pages':>10} {'computed':>10} {'from GPU':>10} {'from host':>10} {'spills':>7} {'steps':>6} "
           f"{'preempt':>7} {'est. s':>7}")
     for host in host_pages:
-        r = replay(trace, num_pages=pool, policy="lru", admission="cache_aware", in_flight_limit=len(trace.requests),
-                   max_running=256, admission_delay_steps=8, host_pages=host)
+        r = h200_replay(trace, pool, admission_delay_steps=8, host_pages=host, host_min_hits=min_hits)
         from_gpu = round(r.hit * prompt) - r.host_hits
         print(f"{host:>10,} {r.prefill:>10,} {from_gpu:>10,} {r.host_hits:>10,} {r.host_spills:>7,} {r.steps:>6} "
               f"{r.preemptions:>7} {r.estimated_s:>7.1f}")
@@ -196,9 +206,11 @@ def main() -> None:
                         help="instead: sweep admission_delay_steps (e.g. 0,2,4,8) in the H200 run's shape")
     parser.add_argument("--host-pages", default="", metavar="N,N,...",
                         help="instead: a host tier of N pages below a 2,384-page pool (e.g. 0,7629)")
+    parser.add_argument("--host-min-hits", type=int, default=1,
+                        help="with --host-pages: spill only pages that many admissions shared (0: every page)")
     args = parser.parse_args()
     if args.host_pages:
-        host_tier_sweep([int(n) for n in args.host_pages.split(",")], args.requests)
+        host_tier_sweep([int(n) for n in args.host_pages.split(",")], args.requests, args.host_min_hits)
         return
     if args.admission_delay:
         admission_delay_sweep([int(d) for d in args.admission_delay.split(",")], args.requests)

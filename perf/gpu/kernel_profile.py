@@ -1,6 +1,7 @@
 """Kernel time by category for the perf/gpu profilers: one torch.profiler pass over a callable."""
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Callable
 
@@ -95,8 +96,6 @@ def print_host_profile(title: str, rows: list[dict]) -> None:
 
 def save_json(out_dir, name: str, result: dict) -> None:
     """result as out_dir/name (a profiler's --out); nothing when out_dir is None."""
-    import json
-
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / name).write_text(json.dumps(result, indent=1))

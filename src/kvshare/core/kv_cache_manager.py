@@ -289,18 +289,15 @@ class KVCacheManager:
         if self.host is None or not len(self.host):
             return []
         size = self.page_size
-        parent: PrefixNode = match.full[-1] if match.full else self.prefix.root(salt)
+        parent_key = match.full[-1].key if match.full else self.prefix.root_key(salt)
         first = len(match.full)
         last = (len(token_ids) - 1) // size                 # full pages before the last token's
         if first >= last:
             return []
         pages = [tuple(token_ids[j * size:(j + 1) * size]) for j in range(first, last)]
-        keys, node = [], PrefixNode(parent.key)
-        for tokens in pages:
-            node.key = self.prefix.page_key(node, salt, tokens)
-            keys.append(node.key)
-        run = self.host.match(keys, parent.key, salt, pages)
-        parents = [parent.key] + keys
+        keys = self.prefix.keys_after(parent_key, salt, pages)
+        run = self.host.match(keys, parent_key, salt, pages)
+        parents = [parent_key] + keys
         return [(keys[j], parents[j], pages[j]) for j in range(len(run))]
 
     def _load(self, record: _SeqPages, host_run: list[tuple[bytes, bytes, tuple[int, ...]]],
@@ -339,7 +336,7 @@ class KVCacheManager:
     def _on_evict(self, page: int) -> None:
         if self.host is not None:   # keep the evicted page and the cached pages below it on the host
             for entry in self.prefix.subtree(page):
-                if entry.is_full and entry.parent.alive and entry.hits >= self.host_min_hits:
+                if entry.is_full and entry.hits >= self.host_min_hits:
                     slot = self.host.store(entry.key, entry.parent.key, entry.salt, entry.tokens)
                     if slot is not None:
                         self._spills.append((entry.page, slot))

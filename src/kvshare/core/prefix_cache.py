@@ -103,11 +103,26 @@ class PrefixCache:
     def root(self, salt: bytes) -> PrefixNode:
         node = self._roots.get(salt)
         if node is None:
-            node = self._roots[salt] = PrefixNode(self.hash_fn(b"kvshare-root\0" + salt))
+            node = self._roots[salt] = PrefixNode(self.root_key(salt))
         return node
 
+    def root_key(self, salt: bytes) -> bytes:
+        """The key of the salt's root, whether or not the root exists yet."""
+        return self.hash_fn(b"kvshare-root\0" + salt)
+
     def page_key(self, parent: PrefixNode, salt: bytes, tokens: Sequence[int]) -> bytes:
-        return self.hash_fn(parent.key + len(salt).to_bytes(4, "little") + salt + encode_tokens(tokens))
+        return self._key(parent.key, salt, tokens)
+
+    def keys_after(self, parent_key: bytes, salt: bytes, pages: Sequence[Sequence[int]]) -> list[bytes]:
+        """The chained keys of consecutive full pages below the node whose key is parent_key. Pure."""
+        keys: list[bytes] = []
+        for tokens in pages:
+            parent_key = self._key(parent_key, salt, tokens)
+            keys.append(parent_key)
+        return keys
+
+    def _key(self, parent_key: bytes, salt: bytes, tokens: Sequence[int]) -> bytes:
+        return self.hash_fn(parent_key + len(salt).to_bytes(4, "little") + salt + encode_tokens(tokens))
 
     def subtree(self, page: int) -> list[CachedPage]:
         """The page's entry and every entry below it, parents before children (what drop() removes)."""
@@ -154,14 +169,8 @@ class PrefixCache:
         and probe() it every step for the price of a few dict lookups.
         """
         size = self.page_size
-        root = self._roots.get(salt)
-        node = PrefixNode(root.key if root is not None else self.hash_fn(b"kvshare-root\0" + salt))
-        keys: list[bytes] = []
-        for start in range(0, max_tokens - size + 1, size):
-            # page_key reads only the parent's key: one scratch node walks the chain, as match() would
-            node.key = self.page_key(node, salt, token_ids[start : start + size])
-            keys.append(node.key)
-        return tuple(keys)
+        pages = [token_ids[start : start + size] for start in range(0, max_tokens - size + 1, size)]
+        return tuple(self.keys_after(self.root_key(salt), salt, pages))
 
     def probe(self, keys: Sequence[bytes], salt: bytes) -> int:
         """How many leading keys (from chain_keys) are cached now: no references, no recency, no root.

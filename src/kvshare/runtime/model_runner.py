@@ -81,19 +81,18 @@ class ModelRunner:
         first, then loads (host slot -> GPU page), in stream order with the step."""
         kv, copy = self.kv, self.model.ops.copy_pages
         if spills:
-            pages = torch.tensor(spills, dtype=torch.int32).t().contiguous()
-            copy(list(kv.k), list(kv.v), to_device(pages[0], self.device), pages[1],
+            pages, slots = _columns(spills)
+            copy(list(kv.k), list(kv.v), to_device(pages, self.device), slots,
                  dst_k_cache=list(kv.host_k), dst_v_cache=list(kv.host_v))
         if loads:
-            pages = torch.tensor(loads, dtype=torch.int32).t().contiguous()
-            copy(list(kv.host_k), list(kv.host_v), pages[0], to_device(pages[1], self.device),
+            slots, pages = _columns(loads)
+            copy(list(kv.host_k), list(kv.host_v), slots, to_device(pages, self.device),
                  dst_k_cache=list(kv.k), dst_v_cache=list(kv.v))
 
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:
             return
-        pairs = to_device(torch.tensor(copies, dtype=torch.int32).t().contiguous(), self.device)
-        src, dst = pairs[0], pairs[1]
+        src, dst = to_device(_columns(copies), self.device)   # one upload for both lists
         self.model.ops.copy_pages(list(self.kv.k), list(self.kv.v), src, dst)
 
     def execute(self, chunks: Sequence[ChunkInput]) -> list[int]:
@@ -153,3 +152,8 @@ class ModelRunner:
             return False
         fits = g.buffers.fits
         return all(fits(c.token_ids, c.page_table) for c in chunks)
+
+
+def _columns(pairs: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """(a, b) pairs as an int32 host tensor [2, N]: rows are the contiguous page lists copy_pages takes."""
+    return torch.tensor(pairs, dtype=torch.int32).t().contiguous()
