@@ -17,6 +17,18 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     stop: tuple[str, ...] = ()        # matched on decoded text; never emitted
     ignore_eos: bool = False          # benchmarks: force the requested output length
+    # Token sequences never generated: the last token of a word is masked whenever the output so far
+    # ends with the word's other tokens (a one-token word is masked always), as TensorRT-LLM does.
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, added to its logit)
+    end_ids: tuple[int, ...] | None = None           # tokens that end generation; None: the model's EOS
+    # Log-probabilities (log_softmax of the model's raw logits, before penalties and temperature):
+    # -1 none; 0 the sampled token's; k > 0 also the k most likely tokens' (beam search uses them).
+    logprobs: int = -1
+    return_generation_logits: bool = False
+    return_context_logits: bool = False
+    beam_width: int = 1               # > 1: beam search (engine.beam_search); 1: sampling as above
+    length_penalty: float = 1.0       # beam search: beams rank by cum_logprob / len ** length_penalty
 
     @property
     def greedy(self) -> bool:
@@ -25,3 +37,13 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether any logit is changed before the draw (the per-row path; never on the overlap path)."""
+        return self.has_penalties or bool(self.bad_words) or bool(self.logit_bias) or self.min_tokens > 0
+
+    @property
+    def needs_logits_on_host(self) -> bool:
+        """Rows whose step must hand logits (not only ids) back: log-probabilities or raw logits."""
+        return self.logprobs >= 0 or self.return_generation_logits

@@ -100,6 +100,7 @@ class KVCacheManager:
         self.prefix_queries_tokens_total = 0
         self.prefix_hits_tokens_total = 0
         self.host_hits_tokens_total = 0
+        self.fork_shared_tokens_total = 0
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -145,6 +146,7 @@ class KVCacheManager:
             prefix_queries_tokens_total=self.prefix_queries_tokens_total,
             prefix_hits_tokens_total=self.prefix_hits_tokens_total,
             preemptions_total=0,
+            fork_shared_tokens_total=self.fork_shared_tokens_total,
             **({} if self.host is None else {
                 "host_pages_total": self.host.num_slots, "host_pages_used": len(self.host),
                 "host_hits_tokens_total": self.host_hits_tokens_total, "host_spills_total": self.host.spills_total,
@@ -203,6 +205,47 @@ class KVCacheManager:
         self.host_hits_tokens_total += len(host_run) * self.page_size
         self._check_watermark()
         return Admission(num_cached, num_tokens, copy)
+
+    def fork(self, seq_id: int, parent_id: int, num_shared: int, *, reserve_pages: int = 0) -> Admission | None:
+        """Give seq_id the parent's first num_shared tokens without computing them: the parent's
+        full pages are shared (refcount + 1), the page holding the rest of them is copied (copy on
+        write, its source pinned for the step), and one fresh page (or none) holds what follows.
+
+            parent [ A | B | C* ]      C*: the parent's tail, still written by the parent
+            child  [ A | B | C' ]      C': fresh, filled by PageCopy(C -> C', num_shared % page_size)
+
+        The first chunk computes token num_shared (the prompt's last token, so the child samples its
+        own first token). Returns None, changing nothing, if the pages would leave fewer than
+        reserve_pages allocatable.
+        """
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id} already holds pages")
+        parent = self._seqs[parent_id]
+        if num_shared > parent.num_committed:
+            raise ValueError(f"parent {parent_id} has {parent.num_committed} tokens computed, not {num_shared}")
+        full, used = divmod(num_shared, self.page_size)
+        need = self.pages_for(num_shared + 1) - full
+        if need + reserve_pages > self.pool.num_allocatable:
+            return None
+        shared = parent.table[:full]
+        for page in shared:
+            self.pool.retain(page)
+        fresh = self.pool.allocate(need)
+        copy = None
+        if used:
+            copy = PageCopy(parent.table[full], fresh[0], used)
+            self.pool.retain(parent.table[full])
+            self._pins.append(parent.table[full])
+        chain = parent.chain[:full]
+        self._seqs[seq_id] = _SeqPages(parent.salt, shared + fresh, chain, num_committed=num_shared,
+                                       registrable=parent.registrable and len(chain) == full)
+        self.fork_shared_tokens_total += num_shared
+        self._check_watermark()
+        return Admission(num_shared, 1, copy)
+
+    def num_committed(self, seq_id: int) -> int:
+        record = self._seqs.get(seq_id)
+        return record.num_committed if record else 0
 
     def take_transfers(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
         """(spills, loads) decided since the last call, for the step being planned: spills (GPU page,

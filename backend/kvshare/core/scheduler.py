@@ -110,11 +110,16 @@ class Scheduler:
     # -- requests ------------------------------------------------------------------------------
 
     def add(
-        self, seq_id: int, prompt_ids: SequenceOf[int], *, salt: bytes | str = b"", max_new_tokens: int
+        self, seq_id: int, prompt_ids: SequenceOf[int], *, salt: bytes | str = b"", max_new_tokens: int,
+        fork_of: int | None = None,
     ) -> None:
         """Queue a request. One that can never fit in the whole pool is reported in the next plan.
 
         salt: the request's cache_salt (str is UTF-8 encoded); prefixes are shared only within a salt.
+        fork_of: a sequence with the same prompt (num_return_sequences > 1): this one waits until the
+        parent has computed all but the prompt's last token, then takes those pages from it
+        (KVCacheManager.fork) and computes only the last token. If the parent is gone by then, it is
+        admitted as usual.
         """
         if seq_id in self._seqs or any(seq_id == rejected for rejected, _ in self._rejected):
             raise ValueError(f"sequence {seq_id} is already known to the scheduler")
@@ -123,7 +128,8 @@ class Scheduler:
         if max_new_tokens < 1:
             raise ValueError(f"sequence {seq_id}: max_new_tokens must be >= 1, got {max_new_tokens}")
         salt_bytes = salt.encode() if isinstance(salt, str) else bytes(salt)
-        seq = Sequence(seq_id, [int(t) for t in prompt_ids], len(prompt_ids), salt_bytes, max_new_tokens)
+        seq = Sequence(seq_id, [int(t) for t in prompt_ids], len(prompt_ids), salt_bytes, max_new_tokens,
+                       fork_of=fork_of)
         need = self.kv.pages_for(seq.max_kv_tokens())
         if need > self.kv.pool.num_pages:
             self._rejected.append((seq_id, (
@@ -239,12 +245,19 @@ class Scheduler:
     def _admit(self, seq: Sequence, step: _StepBuilder) -> bool:
         if seq.num_pending:
             return False  # preempted with a token still on the device: resolve() runs before the next step
-        admission = self.kv.admit(
-            seq.seq_id, seq.token_ids, seq.salt,
-            token_budget=min(step.budget, self.max_prefill_chunk), reserve_pages=len(self._running),
-        )
+        fork = self._fork_source(seq)
+        if fork == -1:
+            return False  # the parent has not computed the shared prompt yet: wait for it (it runs)
+        if fork is not None:
+            admission = self.kv.fork(seq.seq_id, fork, seq.num_prompt_tokens - 1, reserve_pages=len(self._running))
+        else:
+            admission = self.kv.admit(
+                seq.seq_id, seq.token_ids, seq.salt,
+                token_budget=min(step.budget, self.max_prefill_chunk), reserve_pages=len(self._running),
+            )
         if admission is None:
             return False
+        seq.fork_of = None  # readmission after a preemption goes through the prefix cache
         del self._waiting[seq.seq_id]
         info = self._fresh.pop(seq.seq_id, None)
         if info is not None:
@@ -263,6 +276,18 @@ class Scheduler:
             step.copies.append(admission.copy)
         step.prefills.append(step.chunk(seq, admission.num_tokens))
         return True
+
+    def _fork_source(self, seq: Sequence) -> int | None:
+        """The parent to fork from now, -1 to wait for it (it is running its prefill, so it will get
+        there), None to admit as usual (no parent, or one that is not running: never wait on it)."""
+        parent = self._seqs.get(seq.fork_of) if seq.fork_of is not None else None
+        if parent is None or parent.state is not SeqState.RUNNING:
+            return None
+        if parent.token_ids[:seq.num_prompt_tokens] != seq.token_ids:
+            return None
+        if self.kv.num_committed(parent.seq_id) >= seq.num_prompt_tokens - 1:
+            return parent.seq_id
+        return -1
 
     def _admission_order(self) -> tuple[list[Sequence], list[Sequence]]:
         """(candidates in admission order, the probe window): cache_aware's ordering.

@@ -29,6 +29,7 @@ class Sequence:
     num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache at first admission
     num_preemptions: int = 0
     num_pending: int = 0  # trailing token_ids still PENDING_TOKEN (overlap scheduling)
+    fork_of: int | None = None  # first admission shares this sequence's prompt pages (see Scheduler.add)
 
     @property
     def num_tokens(self) -> int:

@@ -40,6 +40,8 @@ class PoolStats:
     host_hits_tokens_total: int = 0
     host_spills_total: int = 0
     host_loads_total: int = 0
+    # prompt tokens a forked sequence (num_return_sequences > 1) took from its parent's pages
+    fork_shared_tokens_total: int = 0
 
     @property
     def allocatable(self) -> int:

@@ -28,7 +28,7 @@ from ..runtime.weights import LoadedModel, load_model
 from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
-from .outputs import InvalidRequest, RequestOutput, StepShape
+from .outputs import InvalidRequest, RequestOutput, RequestTiming, StepShape
 from .request_state import RequestState
 
 log = logging.getLogger("kvshare.engine")
@@ -95,6 +95,8 @@ class LLMEngine:
         self._ttft: list[float] = []
         self._itl: list[float] = []
         self._last_plan: StepPlan | None = None    # what last_step describes (kept, not summarised per step)
+        # RequestTiming is wall-clock ns (TensorRT-LLM's perf metrics); steps read the monotonic clock.
+        self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
 
     # -- requests ---------------------------------------------------------------------------
     @property
@@ -123,9 +125,27 @@ class LLMEngine:
                                                f"whole page pool holds ({self.capacity_tokens} tokens)")
         if params.min_tokens > params.max_tokens:
             raise InvalidRequest("min_tokens", f"min_tokens ({params.min_tokens}) exceeds max_tokens ({params.max_tokens})")
+        for name, ids in (("bad_words", [t for w in params.bad_words for t in w]),
+                          ("embedding_bias", [t for t, _ in params.logit_bias]),
+                          ("end_id", list(params.end_ids or ()))):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidRequest(name, f"token id {bad} is outside the vocabulary [0, {vocab})")
+        if params.logprobs > vocab:
+            raise InvalidRequest("logprobs", f"must be <= the vocabulary size {vocab}, got {params.logprobs}")
+        if params.return_generation_logits and params.max_tokens * vocab > self.config.max_logits_elements:
+            raise InvalidRequest("return_generation_logits", (
+                f"max_tokens ({params.max_tokens}) x vocabulary ({vocab}) = {params.max_tokens * vocab} logits exceeds "
+                f"max_logits_elements ({self.config.max_logits_elements}); lower max_tokens or raise the limit"))
+        if params.return_context_logits and n * vocab > self.config.max_logits_elements:
+            raise InvalidRequest("return_context_logits", (
+                f"prompt ({n}) x vocabulary ({vocab}) = {n * vocab} logits exceeds max_logits_elements "
+                f"({self.config.max_logits_elements})"))
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, *,
-                    cache_salt: str = "", echo_prompt: bool = False) -> None:
+                    cache_salt: str = "", echo_prompt: bool = False, fork_of: str | None = None) -> None:
+        """fork_of: a request in flight with the same prompt (num_return_sequences > 1): this one
+        shares its prompt's pages instead of computing them (Scheduler.add)."""
         if request_id in self._by_request:
             raise InvalidRequest("request_id", f"'{request_id}' is already in flight")
         self.validate(prompt_ids, params)
@@ -133,10 +153,13 @@ class LLMEngine:
         detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         echo = self.tokenizer.decode(prompt_ids, skip_special_tokens=True) if echo_prompt and self.tokenizer else ""
-        state = RequestState(request_id, seq_id, list(prompt_ids), params, detok, gen, echo_prompt=echo)
+        state = RequestState(request_id, seq_id, list(prompt_ids), params, detok, gen, echo_prompt=echo,
+                             end_ids=frozenset(params.end_ids) if params.end_ids is not None else self.eos_ids)
         self._by_request[request_id] = state
         self._by_seq[seq_id] = state
-        self.scheduler.add(seq_id, state.prompt_ids, salt=cache_salt.encode(), max_new_tokens=params.max_tokens)
+        parent = self._by_request.get(fork_of) if fork_of is not None else None
+        self.scheduler.add(seq_id, state.prompt_ids, salt=cache_salt.encode(), max_new_tokens=params.max_tokens,
+                           fork_of=parent.seq_id if parent is not None else None)
         self._prompt_tokens_total += len(prompt_ids)
 
     def abort(self, request_id: str, reason: str = "cancelled", error: str | None = None) -> RequestOutput | None:
@@ -179,8 +202,11 @@ class LLMEngine:
         self.runner.copy_pages([(c.src, c.dst) for c in plan.copies])
         pending_rows = self._pending.rows if self._pending is not None else {}
         inputs = []
+        now = time.monotonic()
         for chunk in plan.chunks:
             state = self._by_seq[chunk.seq_id]
+            if state.first_scheduled_at is None:
+                state.first_scheduled_at = now
             sampling = None
             if chunk.samples:
                 sampling = SamplingRow(state.params, state.generator, state.prompt_ids, state.output_ids)
@@ -196,9 +222,10 @@ class LLMEngine:
             outputs += self._resolve_pending()
             self._pending = _PendingStep(tuple(sampling_ids), {s: i for i, s in enumerate(sampling_ids)}, launched)
             return outputs
-        sampled = dict(zip(sampling_ids, self.runner.execute(inputs)))
+        tokens, details = self.runner.execute(inputs)
+        sampled = dict(zip(sampling_ids, tokens))
         self.scheduler.on_step_done(sampled)
-        return outputs + self._emit(sampled)
+        return outputs + self._emit(sampled, dict(zip(sampling_ids, details)))
 
     @property
     def last_step(self) -> StepShape:
@@ -215,7 +242,7 @@ class LLMEngine:
         for chunk in plan.chunks:
             if chunk.samples:
                 p = self._by_seq[chunk.seq_id].params
-                if not p.greedy or p.has_penalties or p.min_tokens:
+                if not p.greedy or p.adjusts_logits or p.needs_logits_on_host:
                     return False
         return True
 
@@ -227,16 +254,16 @@ class LLMEngine:
         self.scheduler.resolve(sampled)
         return self._emit(sampled)
 
-    def _emit(self, sampled: dict[int, int]) -> list[RequestOutput]:
+    def _emit(self, sampled: dict[int, int], details: dict | None = None) -> list[RequestOutput]:
         now = time.monotonic()
         outputs = []
         for seq_id, token in sampled.items():
             state = self._by_seq.get(seq_id)
             if state is not None:          # else finished or cancelled while its step ran: the token is dropped
-                outputs.append(self._on_token(state, token, now))
+                outputs.append(self._on_token(state, token, now, details.get(seq_id) if details else None))
         return outputs
 
-    def _on_token(self, state: RequestState, token: int, now: float) -> RequestOutput:
+    def _on_token(self, state: RequestState, token: int, now: float, detail=None) -> RequestOutput:
         p = state.params
         if state.first_token_at is None:
             state.first_token_at = now
@@ -254,27 +281,44 @@ class LLMEngine:
             text = state.detokenizer.add(token, check_stop=past_min)
         if len(state.output_ids) == 1 and state.echo_prompt:
             text = state.echo_prompt + text
+        extras = {}
+        if detail is not None:
+            if p.logprobs >= 0:
+                extras["logprobs"] = (detail.logprob,)
+            if detail.logits is not None:
+                extras["generation_logits"] = (detail.logits,)
         reason = None
-        if token in self.eos_ids and not p.ignore_eos and past_min:
+        if token in state.end_ids and not p.ignore_eos and past_min:
             reason = "stop"
         elif state.detokenizer is not None and state.detokenizer.stopped:
             reason = "stop"
         elif n_out >= p.max_tokens or len(state.prompt_ids) + n_out >= self.max_model_len:
             reason = "length"
         if reason is not None:
-            return self._finish(state, (token,), text, reason, None)
+            return self._finish(state, (token,), text, reason, None, **extras)
         return RequestOutput(state.request_id, (token,), text, False, None, len(state.prompt_ids), n_out,
-                             state.cached_tokens)
+                             state.cached_tokens, **extras)
 
     def _finish(self, state: RequestState, new_ids: tuple[int, ...], text: str, reason: str,
-                error: str | None) -> RequestOutput:
+                error: str | None, **extras) -> RequestOutput:
+        timing = self._timing(state)
         self.scheduler.finish(state.seq_id)
         self._by_request.pop(state.request_id, None)
         self._by_seq.pop(state.seq_id, None)
         if reason in ("stop", "length") and state.detokenizer is not None:
             text += state.detokenizer.finish()
         return RequestOutput(state.request_id, new_ids, text, True, reason, len(state.prompt_ids),
-                             len(state.output_ids), state.cached_tokens, error)
+                             len(state.output_ids), state.cached_tokens, error, timing=timing, **extras)
+
+    def _timing(self, state: RequestState) -> RequestTiming:
+        def ns(t: float | None) -> int:
+            return 0 if t is None else int(t * 1e9) + self._wall_offset_ns
+        # The KV it holds at the end: every token but the last sampled one (never fed back).
+        held = len(state.prompt_ids) + len(state.output_ids) - 1 if state.output_ids else 0
+        total = -(-held // self.kv.page_size)
+        reused = min(state.cached_tokens // self.kv.page_size, total)
+        return RequestTiming(ns(state.arrival), ns(state.first_scheduled_at), ns(state.first_token_at),
+                             ns(state.last_token_at), reused, total - reused, total)
 
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> EngineStats:

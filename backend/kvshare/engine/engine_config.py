@@ -36,6 +36,9 @@ class EngineConfig:
     # SGLang, since a small closed loop would idle freed slots (docs/core.md "Admission delay").
     admission_delay_steps: int = 0
     default_max_tokens: int = 128
+    # Largest return_generation_logits / return_context_logits reply, in fp32 values (64 MiB).
+    max_logits_elements: int = 16_777_216
+    max_beam_width: int = 8               # beam_width and num_return_sequences above this are refused
     # Server only: a stream's deltas go out at most every N tokens (the first delta and the final
     # response at once), as vLLM's and TRT-LLM's stream interval; 1 = every token. Fewer responses
     # leave the engine thread more of the stub's GIL (docs/server-path.md).

@@ -2,6 +2,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """A finished request's timeline (wall-clock ns, as TensorRT-LLM's perf metrics) and its pages."""
+    arrival_ns: int
+    first_scheduled_ns: int
+    first_token_ns: int
+    last_token_ns: int
+    kv_reused_pages: int              # full pages taken from the prefix cache or a forked parent
+    kv_new_pages: int                 # pages this request allocated itself
+    kv_total_pages: int               # pages in its page table at the end
+
+
+@dataclass(frozen=True)
+class Beam:
+    """One finished beam of a beam search, best first in RequestOutput.beams."""
+    token_ids: tuple[int, ...]
+    text: str
+    cum_logprob: float                # sum of its tokens' log-probabilities
+    score: float                      # cum_logprob / len ** length_penalty: what ranks the beams
+    logprobs: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -15,6 +38,10 @@ class RequestOutput:
     num_output_tokens: int            # total generated so far
     cached_tokens: int                # prompt tokens served from shared pages
     error: str | None = None
+    logprobs: tuple[float, ...] = ()  # one per token in token_ids, when the request asked (logprobs >= 0)
+    generation_logits: tuple[Any, ...] = ()   # fp32 [V] host tensors, one per token, when asked
+    timing: RequestTiming | None = None       # on the final output
+    beams: tuple[Beam, ...] = ()      # beam search: the final output's beams, best first
 
 
 @dataclass(frozen=True)
@@ -39,7 +66,8 @@ def merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
         raise ValueError("only consecutive outputs of one unfinished request merge")
     return RequestOutput(
         then.request_id, first.token_ids + then.token_ids, first.text + then.text, then.finished,
-        then.finish_reason, then.num_prompt_tokens, then.num_output_tokens, then.cached_tokens, then.error)
+        then.finish_reason, then.num_prompt_tokens, then.num_output_tokens, then.cached_tokens, then.error,
+        first.logprobs + then.logprobs, first.generation_logits + then.generation_logits, then.timing, then.beams)
 
 
 def coalesce(outputs: list[RequestOutput]) -> list[RequestOutput]:

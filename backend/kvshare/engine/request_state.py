@@ -21,9 +21,11 @@ class RequestState:
     echo_prompt: str = ""                       # sent before the first delta (exclude_input_in_output=false)
     output_ids: list[int] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
+    first_scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
     cached_tokens: int = 0
+    end_ids: frozenset[int] = frozenset()       # tokens that end it (the request's end_id, else the model's EOS)
 
     def token_slice(self, start: int, n: int) -> list[int]:
         """Tokens [start, start+n) of prompt + output, without concatenating the two (hot path)."""

@@ -18,7 +18,7 @@ from .cuda_graph_runner import CudaGraphRunner, resolve_future_ids
 from .forward_batch import build_forward_batch, to_device
 from .kv_cache import KVCache
 from .llama import LlamaModel
-from .sampler import Sampler, SamplingRow
+from .sampler import Sampler, SamplingRow, TokenDetail
 
 
 @dataclass(frozen=True)
@@ -95,13 +95,15 @@ class ModelRunner:
         src, dst = to_device(_columns(copies), self.device)   # one upload for both lists
         self.model.ops.copy_pages(list(self.kv.k), list(self.kv.v), src, dst)
 
-    def execute(self, chunks: Sequence[ChunkInput]) -> list[int]:
-        """Returns one sampled token per chunk that has ``sampling``, in chunk order."""
+    def execute(self, chunks: Sequence[ChunkInput]) -> tuple[list[int], list[TokenDetail | None]]:
+        """One sampled token per chunk that has ``sampling``, in chunk order, and what each row asked
+        for beside it (log-probabilities, raw logits; None for rows that asked nothing)."""
         rows = [c.sampling for c in chunks if c.sampling is not None]
         logits, greedy = self._forward(chunks, len(rows))
         if not rows:
-            return []
-        return self.sampler(logits, rows, greedy_ids=greedy)
+            return [], []
+        tokens = self.sampler(logits, rows, greedy_ids=greedy)
+        return tokens, self.sampler.details(logits, rows, tokens)
 
     def launch_greedy(self, chunks: Sequence[ChunkInput]) -> LaunchedStep:
         """Overlap scheduling: run the step and take the argmax of every sampling row without waiting.

@@ -44,6 +44,35 @@ def use_one_sort(device_type: str, num_temperature: int, num_window: int, num_so
 
 
 @dataclass(frozen=True)
+class TokenDetail:
+    """A sampled token's log-probability, the top candidates' (id, log-probability), its raw logits."""
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    logits: torch.Tensor | None          # fp32 [V] on the host, when the request returns generation logits
+
+
+def banned_next_tokens(words: tuple[tuple[int, ...], ...], prompt_ids, output_ids) -> list[int]:
+    """Last tokens of the bad words whose other tokens end the sequence so far (prompt + output)."""
+    banned = []
+    for word in words:
+        head = word[:-1]
+        if not head:
+            banned.append(word[-1])
+            continue
+        n = len(head)
+        tail = list(output_ids[-n:]) if len(output_ids) >= n else list(prompt_ids[len(prompt_ids) - (n - len(output_ids)):]) + list(output_ids)
+        if tuple(tail) == head:
+            banned.append(word[-1])
+    return banned
+
+
+def _adjusts_now(r: "SamplingRow") -> bool:
+    p = r.params
+    return (p.has_penalties or bool(p.bad_words) or bool(p.logit_bias)
+            or (p.min_tokens > 0 and len(r.output_ids) < p.min_tokens))
+
+
+@dataclass(frozen=True)
 class SamplingRow:
     params: SamplingParams
     generator: torch.Generator | None   # per-request when seeded, so draws do not depend on the batch
@@ -244,11 +273,11 @@ class Sampler:
         """logits fp32 [S, V] (one row per sampling request) -> one token id per row.
 
         greedy_ids: logits.argmax(-1) when the caller already has it on the device (a CUDA graph).
+        logits is never written: details() reads the raw rows afterwards.
         """
-        if all(r.params.greedy and not r.params.has_penalties and r.params.min_tokens == 0 for r in rows):
+        adjust = [i for i, r in enumerate(rows) if _adjusts_now(r)]
+        if not adjust and all(r.params.greedy for r in rows):
             return (greedy_ids if greedy_ids is not None else logits.argmax(dim=-1)).tolist()
-        adjust = [i for i, r in enumerate(rows)
-                  if r.params.has_penalties or (r.params.min_tokens and len(r.output_ids) < r.params.min_tokens)]
         if adjust:
             logits = logits.clone()
             for i in adjust:
@@ -262,10 +291,39 @@ class Sampler:
                 tokens[i] = self._draw(logits[i], r)
         return tokens
 
+    @torch.inference_mode()
+    def details(self, logits: torch.Tensor, rows: list[SamplingRow], tokens: list[int]) -> list[TokenDetail | None]:
+        """What rows asked for beside their token: log-probabilities (log_softmax of the raw logits,
+        before penalties and temperature, as vLLM and TensorRT-LLM report them) and raw logits.
+        One device->host copy for all rows that ask; None for the rest."""
+        wanted = [i for i, r in enumerate(rows) if r.params.needs_logits_on_host]
+        if not wanted:
+            return [None] * len(rows)
+        raw = logits.index_select(0, torch.tensor(wanted, device=logits.device)) if len(wanted) < len(rows) else logits
+        logp = torch.log_softmax(raw.float(), dim=-1)
+        k = max(rows[i].params.logprobs for i in wanted)
+        top_vals = top_ids = None
+        if k > 0:
+            top_vals, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
+            top_vals, top_ids = top_vals.cpu().tolist(), top_ids.cpu().tolist()
+        picked = logp.gather(1, torch.tensor([tokens[i] for i in wanted], device=logp.device)[:, None])
+        picked = picked.squeeze(1).cpu().tolist()
+        host_raw = raw.cpu() if any(rows[i].params.return_generation_logits for i in wanted) else None
+        out: list[TokenDetail | None] = [None] * len(rows)
+        for j, i in enumerate(wanted):
+            p = rows[i].params
+            top = ()
+            if p.logprobs > 0 and top_ids is not None:
+                top = tuple(zip(top_ids[j][:p.logprobs], top_vals[j][:p.logprobs]))
+            out[i] = TokenDetail(picked[j], top, host_raw[j].clone() if p.return_generation_logits else None)
+        return out
+
     def _adjust(self, row: torch.Tensor, r: SamplingRow) -> None:
         p = r.params
-        if len(r.output_ids) < p.min_tokens and self.eos:
-            row[self.eos] = float("-inf")
+        if len(r.output_ids) < p.min_tokens:
+            ends = list(p.end_ids) if p.end_ids is not None else self.eos
+            if ends:
+                row[ends] = float("-inf")
         if p.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(r.prompt_ids) | set(r.output_ids)), dtype=torch.long, device=row.device)
             vals = row[seen]
@@ -274,6 +332,13 @@ class Sampler:
             ids = torch.tensor(list(r.output_ids), dtype=torch.long, device=row.device)
             counts = torch.bincount(ids, minlength=row.shape[0]).to(row.dtype)
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+        if p.logit_bias:
+            ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=row.device)
+            row.index_add_(0, ids, torch.tensor([w for _, w in p.logit_bias], dtype=row.dtype, device=row.device))
+        if p.bad_words:
+            banned = banned_next_tokens(p.bad_words, r.prompt_ids, r.output_ids)
+            if banned:
+                row[banned] = float("-inf")
 
     def _draw(self, row: torch.Tensor, r: SamplingRow) -> int:
         """Seeded rows: one draw from the request's own CPU generator (reproducible across batches)."""

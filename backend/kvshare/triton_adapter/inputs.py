@@ -18,13 +18,24 @@ Getter = Callable[[str], "np.ndarray | None"]
 
 @dataclass(frozen=True)
 class GenerationRequest:
+    """One prompt of a Triton request (a [B, ...] request is B of these, batch_index 0..B-1)."""
     prompt_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams            # bad_words / logit_bias as token ids are filled in by the adapter
     stream: bool
     exclude_input_in_output: bool
     return_num_input_tokens: bool
     return_num_output_tokens: bool
     cache_salt: str
+    num_return_sequences: int = 1     # n > 1: n sequences forked from one prefill (sequence_index)
+    batch_index: int = 0
+    batch_size: int = 1
+    return_log_probs: bool = False    # cum_log_probs, output_log_probs
+    return_perf_metrics: bool = False  # kv_cache_*_blocks, *_time_ns (and the speculative ones as 0)
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    bad_words: tuple[str, ...] = ()   # words as text (empty strings dropped): tokenized by the adapter
+    embedding_bias: tuple[tuple[str, float], ...] = ()   # (word, weight): every token of the word gets weight
+    pad_id: int | None = None         # pads beams of unequal length in output_ids
 
 
 def _scalar(get: Getter, name: str):
