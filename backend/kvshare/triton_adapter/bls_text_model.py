@@ -17,15 +17,15 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
+from . import contract
 from .response_stream import error_response
 from .text_prompt import TextPrompter
 
 log = logging.getLogger("kvshare.triton")
 
 ENGINE = "llm_engine"
-PASSTHROUGH = ("max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "repetition_penalty",
-               "presence_penalty", "frequency_penalty", "seed", "stop_words", "exclude_input_in_output",
-               "return_num_input_tokens", "return_num_output_tokens", "cache_salt", "ignore_eos")
+# Every input llm_bls and llm_engine both declare, as the client sent it (contract.py).
+PASSTHROUGH = tuple(contract.forwarded_to_engine(contract.BLS))
 
 
 def _key_tensor(name: str, key: str):

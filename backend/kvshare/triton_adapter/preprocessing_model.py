@@ -1,7 +1,11 @@
-"""Triton adapter of the `preprocessing` model: text (optionally chat-templated) to token ids."""
+"""Triton adapter of the `preprocessing` model: text (optionally chat-templated) to token ids.
+
+It receives every input of `ensemble` (Triton 2.51's ensemble quirks: see the generator), validates
+the whole request (errors name the field), and outputs input_ids INT32 [B, max_len] (rows padded
+with 0) and input_lengths INT32 [B, 1] for llm_engine.
+"""
 from __future__ import annotations
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
@@ -17,16 +21,18 @@ class PreprocessingModel:
         return [self._one(r) for r in requests]
 
     def _one(self, request):
+        try:
+            tensors = {t.name(): t for t in request.inputs()}
+        except Exception:  # a request with no inputs at all (the ensemble forwards it as is)
+            tensors = {}
+
         def get(name):
-            try:
-                t = pb_utils.get_input_tensor_by_name(request, name)
-            except Exception:  # a request with no inputs at all (the ensemble forwards it as is)
-                return None
+            t = tensors.get(name)
             return None if t is None else t.as_numpy()
 
         try:
-            ids = self.prompter.prompt_ids(get)
+            ids, lengths = self.prompter.token_tensors(get)
         except InvalidRequest as exc:
             return error_response(pb_utils, str(exc))
         return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("input_ids", np.array([ids], dtype=np.int32))])
+            pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("input_lengths", lengths)])

@@ -45,13 +45,14 @@ def test_every_input_is_read():
 
 @pytest.mark.parametrize("field,value", [
     ("max_tokens", np.array([[0]], np.int32)), ("temperature", np.array([[-1.0]], np.float32)),
-    ("temperature", np.array([[np.nan]], np.float32)), ("top_p", np.array([[0.0]], np.float32)),
+    ("temperature", np.array([[np.nan]], np.float32)), ("top_p", np.array([[-0.1]], np.float32)),
     ("top_p", np.array([[1.01]], np.float32)), ("top_k", np.array([[-1]], np.int32)),
     ("min_tokens", np.array([[-2]], np.int32)), ("repetition_penalty", np.array([[0.0]], np.float32)),
     ("frequency_penalty", np.array([[3.0]], np.float32)), ("max_tokens", np.array([[1, 2]], np.int32)),
-    ("stop_words", np.array([[b""]], dtype=object)), ("stop_words", np.array([[b"\xff\xfe"]], dtype=object)),
+    ("stop_words", np.array([[1.5]], dtype=np.float32)), ("stop_words", np.array([[b"\xff\xfe"]], dtype=object)),
     ("stop_words", np.zeros((2, 2, 1), dtype=object)), ("cache_salt", np.array([[b"\xc3"]], dtype=object)),
-    ("input_ids", np.array([[1, 2], [3, 4]], np.int32)), ("input_ids", np.zeros((1, 0), np.int32)),
+    ("input_ids", np.array([[[1, 2]]], np.int32)), ("input_ids", np.zeros((1, 0), np.int32)),
+    ("max_tokens", np.array([[1], [2]], np.int32)), ("input_lengths", np.array([[3]], np.int32)),
 ])
 def test_bad_values_name_their_field(field, value):
     values = {"input_ids": np.array([[1, 2]], np.int32), field: value}

@@ -1,0 +1,1 @@
+from kvshare.triton_adapter.vllm_text_model import VLLMTextModel as TritonPythonModel
