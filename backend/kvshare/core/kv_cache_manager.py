@@ -209,7 +209,7 @@ class KVCacheManager:
     def fork(self, seq_id: int, parent_id: int, num_shared: int, *, reserve_pages: int = 0) -> Admission | None:
         """Give seq_id the parent's first num_shared tokens without computing them: the parent's
         full pages are shared (refcount + 1), the page holding the rest of them is copied (copy on
-        write, its source pinned for the step), and one fresh page (or none) holds what follows.
+        write), and one fresh page (or none) holds what follows.
 
             parent [ A | B | C* ]      C*: the parent's tail, still written by the parent
             child  [ A | B | C' ]      C': fresh, filled by PageCopy(C -> C', num_shared % page_size)
@@ -233,9 +233,10 @@ class KVCacheManager:
         fresh = self.pool.allocate(need)
         copy = None
         if used:
+            # Not pinned: the source is the running parent's private tail, which it keeps through this
+            # step, and the copy runs before the step's forward (where the parent writes only past
+            # num_shared), in stream order before anything that could reuse the page.
             copy = PageCopy(parent.table[full], fresh[0], used)
-            self.pool.retain(parent.table[full])
-            self._pins.append(parent.table[full])
         chain = parent.chain[:full]
         self._seqs[seq_id] = _SeqPages(parent.salt, shared + fresh, chain, num_committed=num_shared,
                                        registrable=parent.registrable and len(chain) == full)

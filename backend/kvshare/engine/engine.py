@@ -26,9 +26,10 @@ from ..runtime.model_runner import ChunkInput, LaunchedStep, ModelRunner, future
 from ..runtime.sampler import Sampler, SamplingRow
 from ..runtime.weights import LoadedModel, load_model
 from ..sampling_params import SamplingParams
+from .beam_search import BeamSearch
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
-from .outputs import InvalidRequest, RequestOutput, RequestTiming, StepShape
+from .outputs import Beam, InvalidRequest, RequestOutput, RequestTiming, StepShape
 from .request_state import RequestState
 
 log = logging.getLogger("kvshare.engine")
@@ -41,6 +42,23 @@ class _PendingStep:
     seq_ids: tuple[int, ...]          # sampling rows in order
     rows: dict[int, int]              # seq id -> row of its id in the launched step
     launched: LaunchedStep
+
+
+@dataclass
+class _BeamRequest:
+    """A beam-search request in flight: its search and the one-token requests of the current step."""
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    salt: str
+    search: BeamSearch
+    arrival: float
+    step_ids: list[str]                         # the current step's requests, one per running beam
+    results: dict[str, RequestOutput]           # their outputs as they finish
+    first_scheduled_ns: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +108,8 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._by_request: dict[str, RequestState] = {}
         self._by_seq: dict[int, RequestState] = {}
+        self._beams: dict[str, _BeamRequest] = {}          # beam-search requests by their id
+        self._beam_of: dict[str, _BeamRequest] = {}        # ... and by the ids of their step requests
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._ttft: list[float] = []
@@ -131,6 +151,8 @@ class LLMEngine:
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             if bad is not None:
                 raise InvalidRequest(name, f"token id {bad} is outside the vocabulary [0, {vocab})")
+        if params.beam_width < 1 or params.beam_width > self.config.max_beam_width:
+            raise InvalidRequest("beam_width", f"must be in [1, {self.config.max_beam_width}], got {params.beam_width}")
         if params.logprobs > vocab:
             raise InvalidRequest("logprobs", f"must be <= the vocabulary size {vocab}, got {params.logprobs}")
         if params.return_generation_logits and params.max_tokens * vocab > self.config.max_logits_elements:
@@ -146,32 +168,128 @@ class LLMEngine:
                     cache_salt: str = "", echo_prompt: bool = False, fork_of: str | None = None) -> None:
         """fork_of: a request in flight with the same prompt (num_return_sequences > 1): this one
         shares its prompt's pages instead of computing them (Scheduler.add)."""
-        if request_id in self._by_request:
+        if request_id in self._by_request or request_id in self._beams:
             raise InvalidRequest("request_id", f"'{request_id}' is already in flight")
         self.validate(prompt_ids, params)
+        if params.beam_width > 1:
+            self._add_beam_request(request_id, prompt_ids, params, cache_salt)
+            return
+        self._add(request_id, prompt_ids, params, cache_salt, echo_prompt, fork_of)
+        self._prompt_tokens_total += len(prompt_ids)
+
+    def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, cache_salt: str,
+             echo_prompt: bool = False, fork_of: str | None = None, internal: bool = False) -> RequestState:
         seq_id = next(self._seq_ids)
-        detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None and not internal else None
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         echo = self.tokenizer.decode(prompt_ids, skip_special_tokens=True) if echo_prompt and self.tokenizer else ""
         state = RequestState(request_id, seq_id, list(prompt_ids), params, detok, gen, echo_prompt=echo,
-                             end_ids=frozenset(params.end_ids) if params.end_ids is not None else self.eos_ids)
+                             end_ids=frozenset(params.end_ids) if params.end_ids is not None else self.eos_ids,
+                             internal=internal)
         self._by_request[request_id] = state
         self._by_seq[seq_id] = state
         parent = self._by_request.get(fork_of) if fork_of is not None else None
         self.scheduler.add(seq_id, state.prompt_ids, salt=cache_salt.encode(), max_new_tokens=params.max_tokens,
                            fork_of=parent.seq_id if parent is not None else None)
+        return state
+
+    # -- beam search (engine.beam_search: one one-token request per beam and step) ----------------
+    def _add_beam_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, salt: str) -> None:
+        end_ids = frozenset(params.end_ids) if params.end_ids is not None else self.eos_ids
+        search = BeamSearch(params.beam_width, params.max_tokens, end_ids, length_penalty=params.length_penalty,
+                            ignore_end=params.ignore_eos)
+        run = _BeamRequest(request_id, list(prompt_ids), params, salt, search, time.monotonic(), [], {})
+        self._beams[request_id] = run
         self._prompt_tokens_total += len(prompt_ids)
+        self._launch_beam_step(run)
+
+    def _launch_beam_step(self, run: _BeamRequest) -> None:
+        step = SamplingParams(max_tokens=1, temperature=0.0, logprobs=run.search.num_candidates, ignore_eos=True)
+        run.step_ids, run.results = [], {}
+        for j, beam in enumerate(run.search.running):
+            sub_id = f"{run.request_id}\x1fbeam{run.search.steps}.{j}"
+            self._add(sub_id, run.prompt_ids + list(beam.token_ids), step, run.salt, internal=True)
+            run.step_ids.append(sub_id)
+            self._beam_of[sub_id] = run
+
+    def _route_beam_outputs(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Step requests' outputs feed their search; a search that ends gives its request's final output."""
+        if not self._beam_of:
+            return outputs
+        kept = []
+        for out in outputs:
+            run = self._beam_of.pop(out.request_id, None) if out.finished else None
+            if run is None:
+                if out.request_id not in self._beam_of:
+                    kept.append(out)
+                continue
+            run.results[out.request_id] = out
+            if out.finish_reason == "error":
+                kept.append(self._end_beam_request(run, "error", out.error))
+            elif len(run.results) == len(run.step_ids):
+                done = self._advance_beams(run)
+                if done is not None:
+                    kept.append(done)
+        return kept
+
+    def _advance_beams(self, run: _BeamRequest) -> RequestOutput | None:
+        now = time.monotonic()
+        if run.first_token_at is None:
+            run.first_token_at = now
+            first = run.results[run.step_ids[0]]
+            run.cached_tokens = first.cached_tokens
+            run.first_scheduled_ns = first.timing.first_scheduled_ns if first.timing else 0
+            self._ttft.append(now - run.arrival)
+        else:
+            self._itl.append(now - run.last_token_at)
+        run.last_token_at = now
+        run.search.step([list(run.results[sid].top_logprobs[0]) for sid in run.step_ids])
+        if run.search.done:
+            return self._end_beam_request(run, None, None)
+        self._launch_beam_step(run)
+        return None
+
+    def _end_beam_request(self, run: _BeamRequest, reason: str | None, error: str | None) -> RequestOutput:
+        for sid in run.step_ids:                       # the step still running (cancel, error)
+            self._beam_of.pop(sid, None)
+            state = self._by_request.get(sid)
+            if state is not None:
+                self._finish(state, (), "", "cancelled", None)
+        self._beams.pop(run.request_id, None)
+        decode = (lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=True)) if self.tokenizer else (lambda ids: "")
+        beams = tuple(Beam(h.beam.token_ids, decode(h.beam.token_ids), h.beam.cum_logprob, h.score, h.beam.logprobs)
+                      for h in run.search.best(run.params.beam_width)) if reason is None else ()
+        best = beams[0] if beams else None
+        if reason is None:
+            ended = best is not None and best.token_ids and best.token_ids[-1] in run.search.end_ids
+            reason = "stop" if ended else "length"
+        n_out = len(best.token_ids) if best else 0
+        held = len(run.prompt_ids) + n_out - 1 if n_out else 0
+        ns = lambda t: 0 if t is None else int(t * 1e9) + self._wall_offset_ns
+        total = -(-held // self.kv.page_size)
+        reused = min(run.cached_tokens // self.kv.page_size, total)
+        timing = RequestTiming(ns(run.arrival), run.first_scheduled_ns, ns(run.first_token_at), ns(run.last_token_at),
+                               reused, total - reused, total)
+        self._generation_tokens_total += n_out
+        return RequestOutput(run.request_id, best.token_ids if best else (), best.text if best else "", True, reason,
+                             len(run.prompt_ids), n_out, run.cached_tokens, error,
+                             logprobs=best.logprobs if best and run.params.logprobs >= 0 else (),
+                             timing=timing, beams=beams)
 
     def abort(self, request_id: str, reason: str = "cancelled", error: str | None = None) -> RequestOutput | None:
         """Ends a request now (cancel, error, shutdown); its pages return to the pool."""
+        run = self._beams.get(request_id)
+        if run is not None:
+            return self._end_beam_request(run, reason, error)
         state = self._by_request.get(request_id)
-        if state is None:
+        if state is None or state.internal:
             return None
         return self._finish(state, (), "", reason, error)
 
     def abort_all(self, reason: str, error: str | None = None) -> list[RequestOutput]:
         """Ends every request (shutdown, or a step that raised: its half-done plan is dropped too)."""
-        outputs = [self._finish(s, (), "", reason, error) for s in list(self._by_request.values())]
+        outputs = [self._end_beam_request(run, reason, error) for run in list(self._beams.values())]
+        outputs += [self._finish(s, (), "", reason, error) for s in list(self._by_request.values()) if not s.internal]
         self._pending = None
         while self.scheduler.num_unresolved:
             self.scheduler.resolve({})        # every sequence is finished: nothing to fill in
@@ -184,12 +302,15 @@ class LLMEngine:
         return bool(self._by_request) or self._pending is not None
 
     def request_ids(self) -> list[str]:
-        return list(self._by_request)
+        return [rid for rid, s in self._by_request.items() if not s.internal] + list(self._beams)
 
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One forward step. With overlap scheduling the outputs are those of the previous step,
         whose ids were copied to the host while this one was being scheduled and launched."""
+        return self._route_beam_outputs(self._step())
+
+    def _step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
         outputs = [self._finish(self._by_seq[sid], (), "", "error", msg) for sid, msg in plan.rejected]
         self._last_plan = plan
@@ -268,8 +389,9 @@ class LLMEngine:
         if state.first_token_at is None:
             state.first_token_at = now
             state.cached_tokens = self.scheduler.num_cached_tokens(state.seq_id)
-            self._ttft.append(now - state.arrival)
-        else:
+            if not state.internal:
+                self._ttft.append(now - state.arrival)
+        elif not state.internal:
             self._itl.append(now - state.last_token_at)
         state.last_token_at = now
         state.output_ids.append(token)
@@ -285,6 +407,8 @@ class LLMEngine:
         if detail is not None:
             if p.logprobs >= 0:
                 extras["logprobs"] = (detail.logprob,)
+            if p.logprobs > 0:
+                extras["top_logprobs"] = (detail.top,)
             if detail.logits is not None:
                 extras["generation_logits"] = (detail.logits,)
         reason = None

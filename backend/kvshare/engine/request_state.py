@@ -26,6 +26,7 @@ class RequestState:
     last_token_at: float | None = None
     cached_tokens: int = 0
     end_ids: frozenset[int] = frozenset()       # tokens that end it (the request's end_id, else the model's EOS)
+    internal: bool = False                      # a beam-search step's request: no metrics, outputs go to its search
 
     def token_slice(self, start: int, n: int) -> list[int]:
         """Tokens [start, start+n) of prompt + output, without concatenating the two (hot path)."""
