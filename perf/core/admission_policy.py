@@ -25,7 +25,7 @@ estimate from that run's step costs (see DECODE_STEP_S).
 --host-pages replays that shape with a pool too small for the 64 prefixes (2,384 pages: 20 GB of
 llama-2-7b fp16 KV) and a host tier of N pages below it (7,629 pages: 64 GB): prompt tokens computed,
 served from the GPU pool, loaded from the host, and the pages spilled (bookkeeping only: what
-perf/gpu/session4_gpu.sh tier measures in time).
+`python -m perf.gpu tier` measures in time).
 """
 
 from __future__ import annotations
@@ -35,8 +35,12 @@ import dataclasses
 import random
 import time
 from dataclasses import dataclass
+import sys
+from pathlib import Path
 
-from workload_traces import Trace, make_trace
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.core.workload_traces import Trace, make_trace
 
 from kvshare.core import KVCacheManager, Scheduler, SeqState
 from kvshare.core.host_tier import HostTier

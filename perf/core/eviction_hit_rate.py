@@ -11,9 +11,13 @@ served from the cache at admission / prompt tokens; prefill = tokens computed in
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from replay import replay
-from workload_traces import make_trace
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.core.replay import replay
+from perf.core.workload_traces import make_trace
 
 from kvshare.core import POLICY_NAMES
 

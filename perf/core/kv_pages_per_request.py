@@ -11,9 +11,13 @@ seed-12x128 (all prompts distinct) is the control: its ratio should be ~1.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from replay import replay
-from workload_traces import make_trace
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.core.replay import replay
+from perf.core.workload_traces import make_trace
 
 
 def main() -> None:

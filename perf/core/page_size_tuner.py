@@ -21,9 +21,13 @@ the criterion takes the largest page size that costs neither memory nor prefix h
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from replay import ReplayResult, replay
-from workload_traces import make_trace
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.core.replay import ReplayResult, replay
+from perf.core.workload_traces import make_trace
 
 PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 DEFAULT_TRACES = ("seed-hot10", "prefix-repetition", "mixed")

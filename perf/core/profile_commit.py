@@ -4,7 +4,7 @@
 first steps (max_step_tokens large), then decoded together. Prints ms per decode step and the
 share of kv.commit; --profile adds a cProfile of the decode steps.
 
-    PYTHONPATH=src python3 perf/gpu/profile_commit.py [--profile]
+    python perf/core/profile_commit.py [--profile]
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from workload_traces import Trace
+from perf.core.workload_traces import Trace
 
 from kvshare.core import KVCacheManager, Scheduler, SeqState
 

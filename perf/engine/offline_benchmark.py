@@ -1,8 +1,8 @@
 """Offline throughput: kvshare's engine beside HF transformers on the same requests, in one process.
 
-    python perf/offline_benchmark.py --model dummy:llama-2-7b --device cuda --dtype float16 \
+    python perf/engine/offline_benchmark.py --model dummy:llama-2-7b --device cuda --dtype float16 \
         --workloads seed-12x128,seed-hot10,fixed-64 --baselines generate,no-sharing
-    python perf/offline_benchmark.py            # CPU: SmolLM2-135M, small workloads
+    python perf/engine/offline_benchmark.py            # CPU: SmolLM2-135M, small workloads
 
 Workloads are perf/core/workload_traces.py's seeded token-id traces (closed loop: `concurrency`
 requests in flight; output lengths forced, EOS ignored). HF `generate` runs them as static batches
@@ -24,11 +24,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "core"))
-from workload_traces import Trace, make_trace  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_profile import StepProfile, format_summary  # noqa: E402
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.core.workload_traces import Trace, make_trace  # noqa: E402
+from perf.engine.step_profile import StepProfile, format_summary  # noqa: E402
 
 from kvshare.core.types import PoolStats  # noqa: E402
 from kvshare.engine.engine import LLMEngine  # noqa: E402
@@ -51,7 +50,7 @@ class Row:
     peak_kv_pages: int | None
     prefix_hit_rate: float | None
     peak_kv_gb: float | None = None     # peak pages x bytes per page (the KV memory the requests held)
-    step_profile: dict | None = None    # --step-profile: seconds per step kind (perf/step_profile.py)
+    step_profile: dict | None = None    # --step-profile: seconds per step kind (perf/engine/step_profile.py)
     runs_tok_per_s: list[float] | None = None   # --repeat N > 1: every run's tok/s, in run order
 
 

@@ -6,7 +6,7 @@ For batch 64 and then 256 (Llama-2-7B shape, fp16, random weights, 128-token pro
   - per-kernel CUDA time of one eager forward of the same batch (torch.profiler), grouped.
 engine - replay is the host time the GPU waits for; the kernel table says which kernels to speed up.
 
-    PYTHONPATH=src python perf/gpu/profile_decode_gpu.py [--out DIR]
+    python perf/engine/profile_decode.py [--out DIR]
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ from kvshare.engine.engine_config import EngineConfig
 from kvshare.runtime.cuda_graph_runner import resolve_future_ids
 from kvshare.sampling_params import SamplingParams
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_profile import kernel_table, print_kernel_table  # noqa: E402
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.engine.kernel_profile import kernel_table, print_kernel_table  # noqa: E402
 
 def add_requests(engine: LLMEngine, n: int, start: int, rng: random.Random) -> None:
     params = SamplingParams(max_tokens=1024, ignore_eos=True)

@@ -6,7 +6,7 @@ everything the engine does on the host between two replays matters. This runs th
 tiny model whose forward is replaced by "fill the decode buffers, return fixed ids": the time per
 step is then host work only (after gc.freeze, as the server runs; --no-gc-freeze without). --profile prints a cProfile of the decode steps.
 
-    PYTHONPATH=src python3 perf/gpu/profile_engine_host.py [--batch 256] [--profile]
+    python perf/engine/profile_engine_host.py [--batch 256] [--profile]
 """
 from __future__ import annotations
 

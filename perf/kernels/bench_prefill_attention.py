@@ -1,7 +1,7 @@
 """Paged prefill (varlen extend) attention: TFLOP/s, side by side with torch SDPA (causal) on
 contiguous Q/K/V.
 
-    PYTHONPATH=src python perf/kernels/bench_prefill_attention.py [--sweep] [--json F] [--md F] [--dry-run]
+    python perf/kernels/bench_prefill_attention.py [--sweep] [--json F] [--md F] [--dry-run]
 
 FLOPs counted = 4 * Hq * D * (visible query-key pairs), the causal half only, for both sides.
 """
@@ -12,11 +12,14 @@ import argparse
 import itertools
 import math
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-import bench_common as bc
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.kernels import bench_common as bc  # noqa: E402
 
 D = 128
 DTYPE = torch.bfloat16

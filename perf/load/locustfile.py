@@ -1,9 +1,9 @@
 """Locust load test of kvshare over gRPC streaming.
 
-    locust -f perf/loadtest/locustfile.py --host 127.0.0.1:8001 --headless -u 8 -r 8 -t 60s \
-        --kvshare-model ensemble --kvshare-workload perf/loadtest/workloads/chat_prompts.jsonl
+    locust -f perf/load/locustfile.py --host 127.0.0.1:8001 --headless -u 8 -r 8 -t 60s \
+        --kvshare-model ensemble --kvshare-workload perf/load/workloads/chat_prompts.jsonl
 
-or use perf/loadtest/run_locust.sh (CSV + HTML + SLO gates). Options: see kvshare_client.locust_user.
+or use perf/load/run_locust.sh (CSV + HTML + SLO gates). Options: see kvshare_client.locust_user.
 """
 
 from kvshare_client.locust_user import KvshareGrpcUser

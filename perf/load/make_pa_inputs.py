@@ -2,10 +2,10 @@
 """Write perf_analyzer --input-data JSON for kvshare's models.
 
     # text prompts for the ensemble (from a workload file, or the built-in prompts)
-    python perf/loadtest/make_pa_inputs.py text -o runs/pa/text.json --max-tokens 64 \
-        [--workload perf/loadtest/workloads/chat_prompts.jsonl] [--chat]
+    python perf/load/make_pa_inputs.py text -o runs/pa/text.json --max-tokens 64 \
+        [--workload perf/load/workloads/chat_prompts.jsonl] [--chat]
     # synthetic token ids for llm_engine (optionally all sharing a prefix of --prefix-len ids)
-    python perf/loadtest/make_pa_inputs.py tokens -o runs/pa/ids.json --count 64 --input-len 128 \
+    python perf/load/make_pa_inputs.py tokens -o runs/pa/ids.json --count 64 --input-len 128 \
         --max-tokens 64 --min-tokens 64 [--prefix-len 96]
 
 The tensors come from kvshare_client's own request builder, so they are exactly what the client
@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 try:
     from kvshare_client.types import GenerationRequest
 except ImportError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client"))
     from kvshare_client.types import GenerationRequest
 
 from kvshare_client.wire import WireTensor, build_tensors

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """TTFT / inter-token latency / end-to-end percentiles from perf_analyzer profile exports.
 
-    python perf/loadtest/pa_export_stats.py runs/pa/c1.json runs/pa/c8.json [--csv out.csv] [--json]
+    python perf/load/pa_export_stats.py runs/pa/c1.json runs/pa/c8.json [--csv out.csv] [--json]
 
 perf_analyzer's ``--profile-export-file`` records, per request, the send ``timestamp`` and the
 ``response_timestamps`` (ns) of every streamed response with its ``response_outputs``. From them:

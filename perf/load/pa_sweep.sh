@@ -2,7 +2,7 @@
 # Streaming concurrency sweep with perf_analyzer; one profile export per concurrency, then
 # TTFT / inter-token latency percentiles from the exported response timestamps.
 #
-#   perf/loadtest/pa_sweep.sh [-m llm_engine|ensemble] [-u host:grpc_port] [-c "1 2 4 8 16"]
+#   perf/load/pa_sweep.sh [-m llm_engine|ensemble] [-u host:grpc_port] [-c "1 2 4 8 16"]
 #                             [-i input.json] [-o out_dir] [-- extra perf_analyzer options]
 #
 # Without -i, inputs are generated: synthetic token ids for llm_engine (128 ids -> 64 forced

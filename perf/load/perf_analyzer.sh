@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the perf_analyzer binary that tritonclient 2.51's wheel ships, with the libraries it needs.
 #
-#   perf/loadtest/perf_analyzer.sh -m llm_engine -u 127.0.0.1:8001 -i grpc --streaming ...
+#   perf/load/perf_analyzer.sh -m llm_engine -u 127.0.0.1:8001 -i grpc --streaming ...
 #
 # All arguments go to perf_analyzer unchanged. It links libcudart.so.12 even on a CPU machine (taken
 # from the nvidia-cuda-runtime-cu12 wheel) and libb64.so.0d (Debian package libb64-0d).

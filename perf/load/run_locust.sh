@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Headless Locust run against kvshare with SLO gates; writes CSV and HTML reports.
 #
-#   perf/loadtest/run_locust.sh [-H host:grpc_port] [-u users] [-r spawn_rate] [-t duration]
+#   perf/load/run_locust.sh [-H host:grpc_port] [-u users] [-r spawn_rate] [-t duration]
 #                               [-o out_dir] [-- extra locust/kvshare options]
 #
-# Example: perf/loadtest/run_locust.sh -u 16 -t 2m -- --kvshare-model llm_engine \
+# Example: perf/load/run_locust.sh -u 16 -t 2m -- --kvshare-model llm_engine \
 #              --kvshare-max-tokens 128 --kvshare-min-tokens 128 --kvshare-slo-p95-ttft-ms 2000
 # Exit code: 0 when the SLO gates pass (--kvshare-slo-max-failure-ratio, default 0;
 # --kvshare-slo-p95-ttft-ms, default off), 1 when a gate fails, other values when Locust itself failed.

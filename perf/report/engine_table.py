@@ -1,6 +1,8 @@
-"""Merges perf/gpu/bench_table.sh's JSON rows into one Markdown table with ratios and ceilings.
+"""perf/engine/offline_benchmark.py's JSON rows as one Markdown table with ratios and ceilings.
 
-    python perf/gpu/bench_table.py OUT/table_*.json [--md docs/results/h200-table.md]
+    python -m perf.report.engine_table perf/results/engine/DATE/table.json [--md table.md]
+
+(the `engine` suite of `python -m perf.gpu` runs it on its table.json)
 
 Ceiling (benchmarks.md's physical limit, Llama-2-7B fp16 on one H200): prefill at 790 TFLOP/s
 (2 x 6.74e9 FLOPs per prompt token) plus, per decode step, the weights (13.2 GB) and the batch's

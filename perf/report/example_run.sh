@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The example report's run, end to end, against real servers started here (ports 18200-18202 by default):
-#   1. perf/server_benchmark.py (starts and stops its own server; kvshare vs HF generate / generate_batch)
+#   1. perf/server/server_benchmark.py (starts and stops its own server; kvshare vs HF generate / generate_batch)
 #   2. a server of our own + the metrics sampler, a short Locust run, a perf_analyzer sweep; server stopped
 #   3. python -m perf.report over everything -> OUT/README.md + PNGs (+ the inputs under OUT/data/)
 #
@@ -28,7 +28,7 @@ mkdir -p "$RUN"
 "$PY" -m perf.workloads.generate -o "$WL" --workloads seed-12x128,seed-hot10 >/dev/null
 
 if [ -z "${SKIP_SERVER_BENCH:-}" ]; then
-  "$PY" perf/server_benchmark.py --ports "$HTTP,$GRPC,$METRICS" -o "$RUN/server-bench" ${SB_ARGS:-}
+  "$PY" perf/server/server_benchmark.py --ports "$HTTP,$GRPC,$METRICS" -o "$RUN/server-bench" ${SB_ARGS:-}
 fi
 
 echo "== starting our own server on gRPC $GRPC for Locust + perf_analyzer" >&2
@@ -56,16 +56,16 @@ d.append({'label': sys.argv[2], 'start_unix': float(sys.argv[3]), 'end_unix': ti
 rm -f "$RUN/live/phases.json"
 
 t0=$(date +%s.%N)
-perf/loadtest/run_locust.sh -H "127.0.0.1:$GRPC" -u "$USERS" -r "$USERS" -t "$DURATION" -o "$RUN/locust" -- \
+perf/load/run_locust.sh -H "127.0.0.1:$GRPC" -u "$USERS" -r "$USERS" -t "$DURATION" -o "$RUN/locust" -- \
   --kvshare-model llm_engine --kvshare-workload "$WL/seed-hot10.ids.jsonl" --kvshare-max-tokens "$MAX_TOKENS" \
   --kvshare-min-tokens "$MAX_TOKENS" --kvshare-ignore-eos || echo "Locust exit code $? (SLO gate or failure)" >&2
 phase "Locust $USERS users" "$t0"
 
-"$PY" perf/loadtest/make_pa_inputs.py text -o "$RUN/pa-inputs.json" --workload "$WL/seed-hot10.ids.jsonl" \
+"$PY" perf/load/make_pa_inputs.py text -o "$RUN/pa-inputs.json" --workload "$WL/seed-hot10.ids.jsonl" \
   --max-tokens "$MAX_TOKENS" --min-tokens "$MAX_TOKENS" --ignore-eos
 for c in $CONC; do
   t0=$(date +%s.%N)
-  perf/loadtest/pa_sweep.sh -m llm_engine -u "127.0.0.1:$GRPC" -c "$c" -i "$RUN/pa-inputs.json" -o "$RUN/pa/c$c"
+  perf/load/pa_sweep.sh -m llm_engine -u "127.0.0.1:$GRPC" -c "$c" -i "$RUN/pa-inputs.json" -o "$RUN/pa/c$c"
   phase "PA c=$c" "$t0"
 done
 cleanup

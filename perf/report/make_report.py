@@ -5,11 +5,11 @@
     python perf/report/make_report.py runs/locust-16 runs/pa-sweep runs/server-bench -o docs/reports/x
 
 Inputs (directories are searched recursively; the kind of each file is recognised by its content):
-  Locust CSV          <prefix>_stats.csv (+ <prefix>_stats_history.csv), from perf/loadtest/run_locust.sh
-  perf_analyzer       --profile-export-file JSON (perf/loadtest/pa_sweep.sh's c<N>.json), summarised
-                      with perf/loadtest/pa_export_stats.py; its sweep.csv when no export is given
-  server benchmark    server_benchmark.json from perf/server_benchmark.py
-  offline benchmark   the --json of perf/offline_benchmark.py
+  Locust CSV          <prefix>_stats.csv (+ <prefix>_stats_history.csv), from perf/load/run_locust.sh
+  perf_analyzer       --profile-export-file JSON (perf/load/pa_sweep.sh's c<N>.json), summarised
+                      with perf/load/pa_export_stats.py; its sweep.csv when no export is given
+  server benchmark    server_benchmark.json from perf/server/server_benchmark.py
+  offline benchmark   the --json of perf/engine/offline_benchmark.py
   metrics samples     CSV from perf/report/metrics_sampler.py (KV pages, requests running/waiting)
 Writes OUT/README.md and OUT/*.png: throughput vs concurrency, TTFT and ITL percentiles, the
 server benchmark against HF transformers, Locust over time, KV pages in use over time.
@@ -37,7 +37,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from perf.loadtest import pa_export_stats as pas  # noqa: E402
+from perf.load import pa_export_stats as pas  # noqa: E402
 from perf.report.metrics_sampler import is_metrics_csv, read_csv  # noqa: E402
 
 COPY_LIMIT = 5 * 1024 * 1024
@@ -461,7 +461,7 @@ def _server_section(label: str, data: dict[str, Any], png: Path) -> list[str]:
     cfg = data.get("config", {})
     mach = data.get("machine", {})
     lines = [f"## Server benchmark ({label})", "",
-             f"`{data.get('command', 'python perf/server_benchmark.py')}` — {data.get('created', '')}; "
+             f"`{data.get('command', 'python perf/server/server_benchmark.py')}` — {data.get('created', '')}; "
              f"{cfg.get('requests')} requests × {cfg.get('output_tokens')} forced output tokens per workload, "
              f"{cfg.get('concurrency')} in flight, model `{cfg.get('model')}` via `{cfg.get('model_name')}`; "
              f"machine: {mach.get('cpus')} CPUs, torch {mach.get('torch')} ({mach.get('torch_threads')} threads), "
@@ -523,7 +523,7 @@ def build_report(paths: Sequence[Path], out: Path, *, title: str = "kvshare benc
     for label, data in inp.server:
         md += _server_section(label, data, plot_server_benchmark(label, data, out))
     for label, rows in inp.offline:
-        md += [f"## Offline benchmark ({label})", "", "`perf/offline_benchmark.py` (engine in-process, no server).", "",
+        md += [f"## Offline benchmark ({label})", "", "`perf/engine/offline_benchmark.py` (engine in-process, no server).", "",
                _md_table(["workload", "system", "reqs", "out tok/s", "TTFT p50", "TTFT p95", "peak pages", "hit"],
                          [[r["workload"], r["system"], r["requests"], _f(r["tok_per_s"]), _f(r.get("ttft_p50_ms"), ".0f"),
                            _f(r.get("ttft_p95_ms"), ".0f"), _f(r.get("peak_kv_pages"), ".0f"),
@@ -531,7 +531,7 @@ def build_report(paths: Sequence[Path], out: Path, *, title: str = "kvshare benc
     if inp.pa_rows:
         md += ["## perf_analyzer sweep", "",
                "Streaming, one level per concurrency; percentiles from the profile exports' response timestamps "
-               "(`perf/loadtest/pa_export_stats.py`: ITL = gap between content responses ÷ their tokens).", "",
+               "(`perf/load/pa_export_stats.py`: ITL = gap between content responses ÷ their tokens).", "",
                _md_table(["source", "concurrency", "requests", "out tokens", "out tok/s", "req/s", "TTFT p50", "TTFT p95",
                           "ITL p50", "ITL p95", "E2E p95"],
                          [[Path(str(r.get("source", ""))).name, r["value"], r["requests"], r["output_tokens"],

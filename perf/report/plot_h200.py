@@ -1,11 +1,12 @@
-"""One picture of an H200 session's results: kvshare against HF transformers per workload, what prefix
+"""One picture of the H200 results: kvshare against HF transformers per workload, what prefix
 sharing buys on shared-prefix, and the whole stack against the offline engine.
 
-    python perf/gpu/plot_h200.py --table TABLE [--shared SHARED.json] [--fullstack SUMMARY.json] -o OUT.png
+    python perf/report/plot_h200.py --table TABLE [--shared SHARED.json] [--fullstack SUMMARY.json] -o OUT.png
 
-TABLE: perf/offline_benchmark.py's rows, as its --json file or as its printed table (a text file
+TABLE: perf/engine/offline_benchmark.py's rows, as its --json file or as its printed table (a text file
 holding the lines it printed; only rows it recognises are read). SHARED: the shared-prefix run's JSON
-(kvshare and kvshare-no-sharing rows). SUMMARY: perf/gpu/fullstack_gpu.sh's summary.json.
+(kvshare and kvshare-no-sharing rows). SUMMARY: perf/server/fullstack.sh's summary.json
+(the suites engine, shared-prefix and fullstack of `python -m perf.gpu`; perf/results/README.md).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ _ROW = re.compile(r"^(?P<workload>[a-z][\w-]*)\s+(?P<system>\S.*?)\s+(?P<reqs>\d
 
 
 def rows_from_printed(text: str) -> list[dict]:
-    """The rows of perf/offline_benchmark.py's printed table. It reprints the table after each workload,
+    """The rows of perf/engine/offline_benchmark.py's printed table. It reprints the table after each workload,
     and a later run in the same file may print the same workload again: the first row per key wins."""
     rows: dict[tuple[str, str], dict] = {}
     for line in text.splitlines():

@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# Issue #4's full-stack run, from the repo root on the GPU machine: the real Triton 2.51 server on
+# The whole stack on the GPU machine, from the repo root: the real Triton 2.51 server on
 # model_repository/ (llm_engine, the kvshare engine on cuda:0) driven over gRPC streaming by
 # perf_analyzer and by the project's own async client, then the offline engine on the same requests.
 #
-#   bash perf/gpu/make_fullstack_bundle.sh       # here (CPU machine): fills .carry/fullstack
-#   bash perf/gpu/fullstack_gpu.sh               # there, with .carry/fullstack carried
-#   FULLSTACK_LOCAL=1 bash perf/gpu/fullstack_gpu.sh   # dry run on the CPU machine (repo .venv, tiny model)
+#   bash perf/server/make_fullstack_bundle.sh        # here (CPU machine): fills .carry/fullstack
+#   python3 -m perf.gpu fullstack                    # there, with .carry/fullstack carried (runs this script)
+#   FULLSTACK_LOCAL=1 bash perf/server/fullstack.sh  # dry run on the CPU machine (repo .venv, tiny model)
 #
 # Stages (each under `timeout`, each prints "[stage NAME rc=N, S s]"; a failed stage does not stop
 # the ones that do not need it; the whole run stays inside FULLSTACK_BUDGET_S, default 510 s):
-#   env      build the numpy<2 virtualenv from the bundle (perf/gpu/fullstack_env.sh)
+#   env      build the numpy<2 virtualenv from the bundle (python3 perf/gpu/env.py server-venv)
 #   check    import numpy/torch/tritonclient.grpc/kvshare; perf_analyzer --version
-#   server   tritonserver via kvshare.launch (perf/gpu/fullstack_server.py), only llm_engine loaded,
+#   server   tritonserver via kvshare.launch (perf/server/fullstack_server.py), only llm_engine loaded,
 #            engine settings through KVSHARE_* (device cuda, dummy:llama-2-7b fp16, 40 GB KV, ...)
 #   warmup   one request per slot, 16 tokens (kernel compilation, allocator, streams)
-#   pa       perf_analyzer --streaming, concurrency C, N requests (perf/gpu/fullstack_pa.py)
+#   pa       perf_analyzer --streaming, concurrency C, N requests (perf/server/fullstack_pa.py)
 #   client-P the kvshare async client, concurrency C over P processes (fullstack_client_load.py)
 #   stop     the server (frees the GPU)
-#   offline  perf/offline_benchmark.py on the same N requests, same engine settings (fullstack_offline.py)
+#   offline  perf/engine/offline_benchmark.py on the same N requests, same engine settings (fullstack_offline.py)
 #   summary  table + summary.json/summary.md (fullstack_summary.py); ratio server/offline, goal >= 0.85
 # Workload: offline_benchmark's fixed-C shape: N distinct prompts of L ids -> exactly M tokens
 # (ignore_eos, greedy) to llm_engine as token ids. GPU defaults: N=256, C=64, L=M=128.
@@ -37,7 +37,7 @@ mkdir -p "$OUT" "$RUN"
 rm -rf "${RUN:?}"/* "$OUT/details.tar.gz"
 exec > >(tee "$OUT/fullstack.log") 2>&1
 TEE_PID=$!
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+eval "$(python3 perf/gpu/env.py)"   # the repo's packages on PYTHONPATH (nothing is installed on the GPU machine)
 T_START=$SECONDS
 BUDGET=${FULLSTACK_BUDGET_S:-510}
 
@@ -107,7 +107,7 @@ finish() {
   FINISHED=1
   stop_server
   [ -f "$RUN/server.log" ] && cp "$RUN/server.log" "$OUT/server.log"
-  [ -f "$OUT/summary.md" ] || ${PY:-python3} perf/gpu/fullstack_summary.py --work "$RUN" --out "$OUT" >/dev/null 2>&1
+  [ -f "$OUT/summary.md" ] || ${PY:-python3} perf/server/fullstack_summary.py --work "$RUN" --out "$OUT" >/dev/null 2>&1
   tar -czf "$OUT/details.tar.gz" -C "$WORK" run 2>/dev/null
   echo "results in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')($(du -sh "$OUT" | cut -f1)); total $((SECONDS - T_START)) s"
   exec >&- 2>&-
@@ -127,12 +127,12 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 
 # ------------------------------------------------------------------ env + check
 if [ "$ENV_MODE" = bundle ]; then
-  stage env "$(cap 150 200)" bash perf/gpu/fullstack_env.sh "$BUNDLE" "$WORK/env"
+  stage env "$(cap 150 200)" "${FULLSTACK_PYTHON:-python3}" perf/gpu/env.py server-venv "$BUNDLE" "$WORK/env"
   ENV_RC=$?
   # shellcheck disable=SC1091
   [ -f "$WORK/env/activate.sh" ] && [ "$ENV_RC" = 0 ] && . "$WORK/env/activate.sh"
 else
-  PY=$ROOT/.venv/bin/python PA=$ROOT/perf/loadtest/perf_analyzer.sh PA_LD=""
+  PY=$ROOT/.venv/bin/python PA=$ROOT/perf/load/perf_analyzer.sh PA_LD=""
   [ -x "$PY" ] || { echo "no .venv: run scripts/setup.sh"; exit 1; }
   ENV_RC=0
 fi
@@ -150,8 +150,8 @@ if [ -n "${PY:-}" ]; then
 fi
 OFFPY=${PY:-python3}
 if [ "$CHECK_RC" != 0 ] && [ "$LOCAL" != 1 ]; then
-  # The offline engine does not need the bundle: the image's python3 runs it (as engine_gpu.sh does).
-  OFFPY=python3; export PYTHONPATH=$ROOT/src${PYTHONPATH:+:$PYTHONPATH}
+  # The offline engine does not need the bundle: the image's python3 runs it (PYTHONPATH from perf/gpu/env.py).
+  OFFPY=python3
 fi
 
 # ------------------------------------------------------------------ server + load
@@ -169,19 +169,19 @@ if [ "$CHECK_RC" = 0 ]; then
   stage server "$limit" env KVSHARE_DEVICE="$DEVICE" KVSHARE_MODEL="$MODEL" KVSHARE_DTYPE="$DTYPE" \
     KVSHARE_KV_CACHE_MEMORY_GB="$KV_GB" KVSHARE_MAX_RUNNING="$MAX_RUNNING" KVSHARE_MAX_STEP_TOKENS="$STEP_TOKENS" \
     KVSHARE_MAX_PREFILL_CHUNK="$PREFILL_CHUNK" KVSHARE_PAGE_SIZE=16 KVSHARE_DEBUG_CHECKS=false KVSHARE_LOG_LEVEL=INFO \
-    "$PY" perf/gpu/fullstack_server.py start --ports "$HTTP_PORT,$GRPC_PORT,$METRICS_PORT" --models llm_engine \
+    "$PY" perf/server/fullstack_server.py start --ports "$HTTP_PORT,$GRPC_PORT,$METRICS_PORT" --models llm_engine \
     --log "$RUN/server.log" --pid-file "$SERVER_PID_FILE" --ready-timeout $((limit - 15))
   SERVER_RC=$?
   grep -E "starting the kvshare engine|kvshare engine ready|captured .* CUDA graphs|Error|error:" "$RUN/server.log" | head -20
 fi
 LOAD=(--url "$URL" --metrics-url "$MURL" --concurrency "$CONC" --input-len "$INPUT_LEN" --vocab "$VOCAB")
 if [ "$SERVER_RC" = 0 ]; then
-  stage warmup "$(cap 120 "$RESERVE")" "$PY" perf/gpu/fullstack_client_load.py "${LOAD[@]}" --warmup \
+  stage warmup "$(cap 120 "$RESERVE")" "$PY" perf/server/fullstack_client_load.py "${LOAD[@]}" --warmup \
     --requests "$CONC" --output-len $((OUTPUT_LEN < 16 ? OUTPUT_LEN : 16)) --seed 1 --cache-salt warmup
-  [ "$PA_RC" = 0 ] && stage pa "$(cap 150 "$RESERVE")" "$PY" perf/gpu/fullstack_pa.py "${LOAD[@]}" --pa "$PA" --pa-ld-path "$PA_LD" \
+  [ "$PA_RC" = 0 ] && stage pa "$(cap 150 "$RESERVE")" "$PY" perf/server/fullstack_pa.py "${LOAD[@]}" --pa "$PA" --pa-ld-path "$PA_LD" \
     --requests "$REQUESTS" --output-len "$OUTPUT_LEN" --cache-salt pa --timeout 140 --out-dir "$RUN/pa"
   for P in $CLIENT_PROCS; do
-    stage "client-$P" "$(cap 120 "$RESERVE")" "$PY" perf/gpu/fullstack_client_load.py "${LOAD[@]}" --processes "$P" \
+    stage "client-$P" "$(cap 120 "$RESERVE")" "$PY" perf/server/fullstack_client_load.py "${LOAD[@]}" --processes "$P" \
       --requests "$REQUESTS" --output-len "$OUTPUT_LEN" --cache-salt "client-$P" --out-json "$RUN/client_p$P.json"
   done
   "$PY" -c "from kvshare_client.metrics import fetch_metrics, filter_lines
@@ -191,7 +191,7 @@ t0=$SECONDS; stop_server; echo "[stage stop rc=0, $((SECONDS - t0)) s]"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used --format=csv,noheader
 
 # ------------------------------------------------------------------ offline reference
-stage offline "$(cap 240 15)" "$OFFPY" perf/gpu/fullstack_offline.py --requests "$REQUESTS" --concurrency "$CONC" \
+stage offline "$(cap 240 15)" "$OFFPY" perf/server/fullstack_offline.py --requests "$REQUESTS" --concurrency "$CONC" \
   --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --vocab "$VOCAB" -- --model "$MODEL" --device "$DEVICE" \
   --dtype "$DTYPE" --kv-gb "$KV_GB" --max-step-tokens "$STEP_TOKENS" --max-prefill-chunk "$PREFILL_CHUNK" \
   --max-running "$MAX_RUNNING" --json "$RUN/offline.json" > >(grep --line-buffered -v "it/s]") 2>&1
@@ -199,7 +199,7 @@ OFFLINE_RC=$?
 
 # ------------------------------------------------------------------ summary
 GPU_NAME=$(head -2 "$RUN/gpu.txt" 2>/dev/null | tail -1 | cut -d, -f1-2)
-stage summary 30 "$OFFPY" perf/gpu/fullstack_summary.py --work "$RUN" --out "$OUT" \
+stage summary 30 "$OFFPY" perf/server/fullstack_summary.py --work "$RUN" --out "$OUT" \
   --info "machine=${GPU_NAME:-$(uname -n) (no GPU)}" \
   --info "workload=$REQUESTS requests x $INPUT_LEN ids -> $OUTPUT_LEN tokens, concurrency $CONC, greedy, ignore_eos; token ids to llm_engine" \
   --info "engine=$MODEL $DTYPE on $DEVICE, KV $KV_GB GB, page 16, max_step_tokens $STEP_TOKENS, max_prefill_chunk $PREFILL_CHUNK; max_running $MAX_RUNNING (server and offline)" \

@@ -2,11 +2,11 @@
 """The project's own asyncio client (kvshare_client.AsyncKvshareClient) as a closed-loop load
 generator on `llm_engine` over gRPC streaming, with the server's token counter around it.
 
-    python perf/gpu/fullstack_client_load.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
+    python perf/server/fullstack_client_load.py --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
         --requests 256 --concurrency 64 --input-len 128 --output-len 128 --vocab 32000 \
         [--processes 4] --out-json runs/fullstack/client.json
 
-The requests are the fullstack workload (perf/gpu/fullstack_common.py: the offline benchmark's fixed
+The requests are the fullstack workload (perf/server/fullstack_common.py: the offline benchmark's fixed
 shape, greedy, exactly --output-len tokens). `--concurrency` streams are kept in flight; with
 `--processes P` they are split over P processes (concurrency/P each, requests dealt round-robin),
 which start together behind a barrier, so one Python process parsing every response is not what
@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fullstack_common as fc  # noqa: E402
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.server import fullstack_common as fc  # noqa: E402
 
-from perf.loadtest.pa_export_stats import percentile  # noqa: E402
+from perf.load.pa_export_stats import percentile  # noqa: E402
 
 
 async def _drive(url: str, requests: list[dict[str, Any]], concurrency: int, model: str,

@@ -1,4 +1,4 @@
-"""Shared pieces of the full-stack run (perf/gpu/fullstack_gpu.sh): the workload, metric snapshots.
+"""Shared pieces of the full-stack run (perf/server/fullstack.sh): the workload, metric snapshots.
 
 The workload is the offline benchmark's `fixed-<C>` shape (perf/core/workload_traces.py): distinct
 random prompts of `input_len` ids, exactly `output_len` new tokens each (EOS ignored, greedy), `C`
@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT / "src", ROOT / "perf" / "core", ROOT):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-import workload_traces as wt  # noqa: E402
+from perf.core import workload_traces as wt  # noqa: E402
 
 # Server counters/gauges read around each run (perf/report/metrics_sampler.py's names).
 COUNTERS = {
@@ -50,7 +49,7 @@ def make_trace(name: str, n: int, concurrency: int, input_len: int, output_len: 
 def request_fields(prompt: Sequence[int], output_len: int, cache_salt: Optional[str] = None) -> dict[str, Any]:
     """What goes on the wire for one request (kvshare_client.GenerationRequest fields).
 
-    Same sampling as perf/offline_benchmark.py: greedy, exactly output_len tokens (ignore_eos).
+    Same sampling as perf/engine/offline_benchmark.py: greedy, exactly output_len tokens (ignore_eos).
     The cache salt keeps one run's prompts from hitting pages an earlier run left in the prefix
     cache (the ids stay the same); it does not change the work.
     """

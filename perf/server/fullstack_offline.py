@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""perf/offline_benchmark.py on the full-stack run's exact requests: the offline engine reference.
+"""perf/engine/offline_benchmark.py on the full-stack run's exact requests: the offline engine reference.
 
-    python perf/gpu/fullstack_offline.py --requests 256 --concurrency 64 --input-len 128 --output-len 128 \
+    python perf/server/fullstack_offline.py --requests 256 --concurrency 64 --input-len 128 --output-len 128 \
         -- --model dummy:llama-2-7b --device cuda --dtype float16 --kv-gb 40 --max-running 256 --json offline.json
 
 Registers two traces in perf/core/workload_traces.py's table and runs offline_benchmark.main on them
@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fullstack_common as fc  # noqa: E402
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.server import fullstack_common as fc  # noqa: E402
 
 MEASURED = "fullstack"
 WARMUP = "fullstack-warmup"
@@ -52,8 +53,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-warmup", action="store_true")
     args = ap.parse_args(argv)
     register(args.requests, args.concurrency, args.input_len, args.output_len, args.vocab, args.seed)
-    sys.path.insert(0, str(fc.ROOT / "perf"))
-    import offline_benchmark
+    from perf.engine import offline_benchmark
 
     workloads = MEASURED if args.no_warmup else f"{WARMUP},{MEASURED}"
     return offline_benchmark.main(["--workloads", workloads, "--baselines", "", *rest])

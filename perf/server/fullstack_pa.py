@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """perf_analyzer over gRPC streaming on `llm_engine`, with the server's own token counter around it.
 
-    python perf/gpu/fullstack_pa.py --pa perf/loadtest/perf_analyzer.sh --url 127.0.0.1:8001 \
+    python perf/server/fullstack_pa.py --pa perf/load/perf_analyzer.sh --url 127.0.0.1:8001 \
         --metrics-url http://127.0.0.1:8002/metrics --requests 256 --concurrency 64 \
         --input-len 128 --output-len 128 --vocab 32000 --out-dir runs/fullstack/pa
 
-Writes the fullstack workload (perf/gpu/fullstack_common.py) as perf_analyzer --input-data (one
+Writes the fullstack workload (perf/server/fullstack_common.py) as perf_analyzer --input-data (one
 distinct entry per request; perf_analyzer adds the batch dimension), runs
 `perf_analyzer --streaming --concurrency-range C:C --request-count N` (a fixed request count instead
-of the stability loop, as perf/loadtest/pa_sweep.sh does), and reads the profile export with
-perf/loadtest/pa_export_stats.py. The measured window is perf_analyzer's own: first request sent ->
+of the stability loop, as perf/load/pa_sweep.sh does), and reads the profile export with
+perf/load/pa_export_stats.py. The measured window is perf_analyzer's own: first request sent ->
 last response received. Server-side tokens = the delta of kvshare_generation_tokens_total between
 idle snapshots before and after; a 0.25 s metrics sampler records what the engine was running.
 Result: OUT/pa_result.json (+ pa_inputs.json, pa_export.json, pa.csv, pa.log, pa_metrics.csv).
@@ -25,11 +25,12 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fullstack_common as fc  # noqa: E402
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.server import fullstack_common as fc  # noqa: E402
 
-from perf.loadtest import make_pa_inputs as mpi  # noqa: E402
-from perf.loadtest import pa_export_stats as pes  # noqa: E402
+from perf.load import make_pa_inputs as mpi  # noqa: E402
+from perf.load import pa_export_stats as pes  # noqa: E402
 from perf.report.metrics_sampler import MetricsSampler  # noqa: E402
 
 
@@ -116,7 +117,7 @@ def summarize(export: dict[str, Any], before: dict, after: dict, *, requests: in
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pa", required=True, help="perf_analyzer binary (or perf/loadtest/perf_analyzer.sh)")
+    ap.add_argument("--pa", required=True, help="perf_analyzer binary (or perf/load/perf_analyzer.sh)")
     ap.add_argument("--pa-ld-path", default="", help="prepended to LD_LIBRARY_PATH for perf_analyzer only")
     ap.add_argument("--url", required=True, help="gRPC host:port")
     ap.add_argument("--metrics-url", required=True)

@@ -3,9 +3,9 @@
 scripts/serve.sh does (kvshare.launch: the binary of the installed nvidia-pytriton package, this
 interpreter's libpython and PATH for the Python-backend stub), and wait until it is ready.
 
-    python perf/gpu/fullstack_server.py start --ports 8000,8001,8002 --log server.log --pid-file server.pid \
+    python perf/server/fullstack_server.py start --ports 8000,8001,8002 --log server.log --pid-file server.pid \
         [--ready-timeout 240] [--models llm_engine]
-    python perf/gpu/fullstack_server.py stop --pid-file server.pid
+    python perf/server/fullstack_server.py stop --pid-file server.pid
 
 `start` returns once /v2/health/ready answers (exit 0), or stops the server and exits 1. The server
 keeps running in its own process group (pid in --pid-file) until `stop` (SIGINT to the group, then
@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT / "src") not in sys.path:
-    sys.path.insert(0, str(ROOT / "src"))
 
 
 def _group_alive(pgid: int) -> bool:

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """The full-stack run's final table: offline engine vs the same engine behind Triton (gRPC streaming).
 
-    python perf/gpu/fullstack_summary.py --work WORK_DIR --out OUT_DIR [--goal 0.85] [--info key=value ...]
+    python perf/server/fullstack_summary.py --work WORK_DIR --out OUT_DIR [--goal 0.85] [--info key=value ...]
 
-Reads WORK_DIR/offline.json (perf/offline_benchmark.py rows; the `fullstack` row is the reference),
-WORK_DIR/pa/pa_result.json (perf/gpu/fullstack_pa.py) and WORK_DIR/client*.json
-(perf/gpu/fullstack_client_load.py); writes OUT_DIR/summary.json and OUT_DIR/summary.md and prints
+Reads WORK_DIR/offline.json (perf/engine/offline_benchmark.py rows; the `fullstack` row is the reference),
+WORK_DIR/pa/pa_result.json (perf/server/fullstack_pa.py) and WORK_DIR/client*.json
+(perf/server/fullstack_client_load.py); writes OUT_DIR/summary.json and OUT_DIR/summary.md and prints
 the Markdown table. Server tok/s = the engine's own token counter (Prometheus, :8002) over the
 client's measured window (first request sent -> last response); client tok/s = tokens the client
 received over the same window; ratio = server tok/s / offline tok/s (goal: >= --goal).
@@ -48,7 +48,7 @@ def build(offline: Optional[list[dict[str, Any]]], server_runs: list[dict[str, A
     off = offline_row(offline)
     off_tps = off.get("tok_per_s") if off else None
     rows: list[dict[str, Any]] = [{
-        "path": "offline engine (perf/offline_benchmark.py)",
+        "path": "offline engine (perf/engine/offline_benchmark.py)",
         "requests": off.get("requests") if off else None,
         "tokens": off.get("output_tokens") if off else None,
         "window_s": off.get("seconds") if off else None,
@@ -105,7 +105,7 @@ def markdown(s: dict[str, Any]) -> str:
                  f"of the offline engine. perf_analyzer: {_f(pa, '.3f')} -> {s['verdict'] or 'no result'}.")
     lines.append("server tok/s = delta of kvshare_generation_tokens_total (the engine's counter on the metrics "
                  "port) over the client's window (first request sent -> last response); client tok/s = tokens "
-                 "the client received over that window; offline: perf/offline_benchmark.py's own wall time. "
+                 "the client received over that window; offline: perf/engine/offline_benchmark.py's own wall time. "
                  "TTFT/ITL measured by each client (offline: TTFT from add_request).")
     for k, v in s["info"].items():
         lines.append(f"- {k}: {v}")

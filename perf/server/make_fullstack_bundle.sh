@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run HERE (the CPU machine, after scripts/setup.sh): fills .carry/fullstack/ (git-ignored) with what
-# the GPU machine lacks for perf/gpu/fullstack_gpu.sh, small enough to travel (64 MiB per call,
+# the GPU machine lacks for perf/server/fullstack.sh, small enough to travel (64 MiB per call,
 # working tree included):
 #   tritonserver.tar.xz  the Triton 2.51 server from .venv's nvidia-pytriton (pytriton/tritonserver +
 #                        nvidia_pytriton.libs) without the bundled libpython 3.13 and without the
@@ -13,8 +13,8 @@
 #   MANIFEST.txt         python version, versions, sizes, sha256
 # Downloads are cached in .carry/fullstack-src/ (not carried). Idempotent.
 #
-#   bash perf/gpu/make_fullstack_bundle.sh            # Python 3.12 (the GPU image)
-#   PYVER=3.11 BUNDLE_DIR=/tmp/fs311 bash perf/gpu/make_fullstack_bundle.sh   # for a local test
+#   bash perf/server/make_fullstack_bundle.sh            # Python 3.12 (the GPU image)
+#   PYVER=3.11 BUNDLE_DIR=/tmp/fs311 bash perf/server/make_fullstack_bundle.sh   # for a local test
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -110,4 +110,4 @@ if [ "$bundle_bytes" -gt $((56 * 1048576)) ] || [ $((bundle_bytes + tree_bytes))
   echo "WARNING: over budget (aim: bundle <= 56 MiB, all < 64 MiB)" >&2
   exit 1
 fi
-log "on the device: run(carry=[\".carry/fullstack\"], command=\"bash perf/gpu/fullstack_gpu.sh\")"
+log "on the device: carry .carry/fullstack and run: python3 -m perf.gpu fullstack"

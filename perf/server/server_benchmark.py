@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """kvshare THROUGH THE REAL TRITON SERVER beside HF transformers on the same prompts (CPU by default).
 
-    python perf/server_benchmark.py                      # seed-12x128 + seed-hot10, 24 req x 64 tokens, conc. 12
-    python perf/server_benchmark.py --requests 96 --output-tokens 128 --workloads seed-12x128,seed-hot10,seed-long
-    python perf/server_benchmark.py --ports 18200,18201,18202 --out docs/reports/example/server-bench
+    python perf/server/server_benchmark.py                      # seed-12x128 + seed-hot10, 24 req x 64 tokens, conc. 12
+    python perf/server/server_benchmark.py --requests 96 --output-tokens 128 --workloads seed-12x128,seed-hot10,seed-long
+    python perf/server/server_benchmark.py --ports 18200,18201,18202 --out docs/reports/example/server-bench
 
 1. Starts the Triton Inference Server on model_repository/ (kvshare.launch; free ports unless
    --ports), samples its metrics port every 0.5 s (perf/report/metrics_sampler.py -> metrics.csv).
@@ -15,7 +15,7 @@
    delta of the server's prefix-cache counters over the workload; peak KV pages from the sampler.
 3. Stops the server, then in this process runs HF transformers `generate` (static batches of
    --concurrency) and `generate_batch` (HF's continuous batching) on the same token ids with the
-   same forced lengths (perf/offline_benchmark.py's baselines, imported).
+   same forced lengths (perf/engine/offline_benchmark.py's baselines, imported).
 Prints a table (output tok/s, TTFT/ITL p50/p95, hit rate, ratios kvshare/HF) and writes
 OUT/server_benchmark.json (+ metrics.csv, server.log). `python -m perf.report OUT` makes a report.
 The server and the baselines run one after the other on the same cores, never together.
@@ -35,11 +35,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from perf.loadtest.pa_export_stats import percentile  # noqa: E402
+from perf.load.pa_export_stats import percentile  # noqa: E402
 from perf.report.metrics_sampler import MetricsSampler  # noqa: E402
 from perf.workloads import generate as wgen  # noqa: E402
 
@@ -180,10 +180,10 @@ def warm_up(url: str, model: Optional[str], text: bool) -> None:
                             model=model)
 
 
-# ---------------------------------------------------------------- HF baselines (perf/offline_benchmark.py)
+# ---------------------------------------------------------------- HF baselines (perf/engine/offline_benchmark.py)
 
 def _trace(wl: Workload):
-    import workload_traces as wt  # on sys.path through perf.workloads.generate
+    from perf.core import workload_traces as wt
 
     reqs = tuple(wt.Request(i, tuple(e["input_ids"]), e["max_tokens"]) for i, e in enumerate(wl.ids))
     return wt.Trace(wl.name, reqs, wl.concurrency, "server benchmark prompts")
@@ -193,13 +193,13 @@ def run_hf(wls: list[Workload], baselines: list[str], model_source: str, max_ste
            progress: bool) -> list[Row]:
     import torch
 
-    from perf import offline_benchmark as ob
+    from perf.engine import offline_benchmark as ob
 
     args = SimpleNamespace(device="cpu", dtype="float32", max_step_tokens=max_step_tokens)
     torch.backends.mkldnn.enabled = True
     model = ob.hf_model(SimpleNamespace(source=model_source), args)
     # Untimed warm-up of each baseline (first-call costs), as the server got two warm-up requests.
-    import workload_traces as wt
+    from perf.core import workload_traces as wt
 
     tiny = wt.Trace("warm-up", tuple(wt.Request(i, tuple(wls[0].ids[i % len(wls[0].ids)]["input_ids"][:32]), 4)
                                      for i in range(2)), 2, "")
@@ -341,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "kind": "kvshare-server-benchmark",
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": "python perf/server_benchmark.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python perf/server/server_benchmark.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads(), "transformers": transformers.__version__},
         "config": {"workloads": names, "requests": args.requests, "output_tokens": args.output_tokens,

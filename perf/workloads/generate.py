@@ -40,8 +40,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "perf" / "core"))
-import workload_traces as wt  # noqa: E402
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from perf.core import workload_traces as wt  # noqa: E402
 
 DEFAULT_OUT = ROOT / "runs" / "workloads"
 COMMITTED_MANIFEST = Path(__file__).resolve().parent / "manifest.json"  # checksums of the SmolLM2 files, seed 0

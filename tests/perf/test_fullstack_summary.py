@@ -1,4 +1,4 @@
-"""The full-stack run's pure helpers (perf/gpu/fullstack_*.py): workload identity with the offline
+"""The full-stack run's pure helpers (perf/server/fullstack_*.py): workload identity with the offline
 benchmark's fixed-64, result arithmetic, the summary table. No server, no GPU."""
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "perf" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
-import fullstack_client_load as fcl  # noqa: E402
-import fullstack_common as fc  # noqa: E402
-import fullstack_offline as fo  # noqa: E402
-import fullstack_pa as fpa  # noqa: E402
-import fullstack_summary as fs  # noqa: E402
+from perf.server import fullstack_client_load as fcl  # noqa: E402
+from perf.server import fullstack_common as fc  # noqa: E402
+from perf.server import fullstack_offline as fo  # noqa: E402
+from perf.server import fullstack_pa as fpa  # noqa: E402
+from perf.server import fullstack_summary as fs  # noqa: E402
 
 
 def test_prompts_are_fixed_64s_and_continue_its_sequence():

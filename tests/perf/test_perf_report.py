@@ -71,7 +71,7 @@ def make_server_bench(d: Path) -> None:
         {"workload": "seed-12x128", "system": "hf-generate_batch", "requests": 24, "concurrency": 12,
          "output_tokens": 1536, "seconds": 35.0, "tok_per_s": 43.9, "req_per_s": 0.7},
     ]
-    data = {"kind": "kvshare-server-benchmark", "created": "2025-01-01 00:00:00", "command": "python perf/server_benchmark.py",
+    data = {"kind": "kvshare-server-benchmark", "created": "2025-01-01 00:00:00", "command": "python perf/server/server_benchmark.py",
             "machine": {"cpus": 2, "torch": "x", "torch_threads": 2, "transformers": "y"},
             "config": {"requests": 24, "output_tokens": 64, "concurrency": 12, "model": "m.gguf", "model_name": "llm_engine"},
             "rows": rows, "ratios": {"seed-12x128": {"kvshare/hf-generate": 0.8, "kvshare/hf-generate_batch": 1.75}},

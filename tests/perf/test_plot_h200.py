@@ -1,4 +1,4 @@
-"""perf/gpu/plot_h200.py reads the offline benchmark's rows from its printed table and draws a PNG."""
+"""perf/report/plot_h200.py reads the offline benchmark's rows from its printed table and draws a PNG."""
 from __future__ import annotations
 
 import json
@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "perf" / "gpu"))
+sys.path.insert(0, str(ROOT))
 
-import plot_h200  # noqa: E402
+from perf.report import plot_h200  # noqa: E402
 
 PRINTED = """\
 workload        system               reqs  out tok       s    tok/s  TTFT p50   p95 ms  KV GB   hit vs hf-gen
@@ -35,7 +35,7 @@ def test_draws_the_three_panels(tmp_path, monkeypatch):
     shared.write_text(json.dumps([{"system": "kvshare (cache_aware)", "tok_per_s": 5322.1},
                                   {"system": "kvshare-no-sharing (cache_aware)", "tok_per_s": 1795.9}]))
     summary = tmp_path / "summary.json"
-    summary.write_text(json.dumps({"rows": [{"path": "offline engine (perf/offline_benchmark.py)", "server_tok_per_s": 8084},
+    summary.write_text(json.dumps({"rows": [{"path": "offline engine (perf/engine/offline_benchmark.py)", "server_tok_per_s": 8084},
                                             {"path": "Triton gRPC streaming, perf_analyzer, c=64", "server_tok_per_s": 6794}]}))
     out = tmp_path / "plot.png"
     monkeypatch.setattr(sys, "argv", ["plot_h200.py", "--table", str(table), "--shared", str(shared),

@@ -1,4 +1,4 @@
-"""perf/step_profile.py (seconds per step kind) and perf/offline_benchmark.py's --repeat median. No model."""
+"""perf/engine/step_profile.py (seconds per step kind) and perf/engine/offline_benchmark.py's --repeat median. No model."""
 from __future__ import annotations
 
 import sys
@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "perf"))   # as offline_benchmark imports it: one step_profile module
+sys.path.insert(0, str(ROOT))
 
-import offline_benchmark as ob  # noqa: E402
-from step_profile import StepProfile, format_summary, step_kind  # noqa: E402
+from perf.engine import offline_benchmark as ob  # noqa: E402
+from perf.engine.step_profile import StepProfile, format_summary, step_kind  # noqa: E402
 
 from kvshare.engine.outputs import StepShape  # noqa: E402
 

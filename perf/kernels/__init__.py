@@ -1,0 +1,1 @@
+"""Benchmarks of the paged-attention kernels (kvshare_kernels) on the GPU."""

@@ -1,0 +1,1 @@
+"""Load generators against a running server: Locust and perf_analyzer."""

@@ -1,0 +1,1 @@
+"""The engine behind the real Triton server: the CPU server benchmark and the full stack on the GPU."""
