@@ -41,6 +41,7 @@ class Submission:
     # Takes this request's outputs instead of `sink`: one call per step with the outputs of every
     # request that names the same batch sink, so its consumer wakes once per step, not per token.
     batch_sink: BatchSink | None = None
+    fork_of: str | None = None          # an earlier submission with the same prompt: share its prefill
 
 
 class EngineLoop:
@@ -71,11 +72,16 @@ class EngineLoop:
 
     def try_submit(self, sub: Submission) -> bool:
         """Queues the request unless max_in_flight requests are already accepted and unfinished."""
+        return self.try_submit_all([sub])
+
+    def try_submit_all(self, subs: list[Submission]) -> bool:
+        """Queues all of them, in order, or none (a batched or n-sequence request is one decision)."""
         with self._count_lock:
-            if self.max_in_flight is not None and self._in_flight >= self.max_in_flight:
+            if self.max_in_flight is not None and self._in_flight + len(subs) > self.max_in_flight:
                 return False
-            self._in_flight += 1
-        self._inbox.put(("add", sub))
+            self._in_flight += len(subs)
+        for sub in subs:
+            self._inbox.put(("add", sub))
         return True
 
     @property
@@ -138,7 +144,7 @@ class EngineLoop:
                     self._probes[sub.request_id] = sub.is_cancelled
             try:
                 self.engine.add_request(sub.request_id, sub.prompt_ids, sub.params, cache_salt=sub.cache_salt,
-                                        echo_prompt=sub.echo_prompt)
+                                        echo_prompt=sub.echo_prompt, fork_of=sub.fork_of)
             except Exception as exc:  # validated before submit; this is the backstop
                 self._deliver([RequestOutput(sub.request_id, (), "", True, "error", len(sub.prompt_ids), 0, 0, str(exc))])
         elif kind == "cancel":

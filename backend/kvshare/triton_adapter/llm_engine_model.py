@@ -19,9 +19,10 @@ from ..engine.engine_config import EngineConfig
 from ..engine.engine_loop import EngineLoop, Submission
 from ..engine.gc_tuning import freeze_startup_heap
 from ..engine.outputs import InvalidRequest
-from .inputs import generation_request
+from .inputs import GenerationRequest, generation_requests
 from .metrics import EngineMetrics
-from .response_stream import ClientStream, ResponsePump, error_response, overloaded_response
+from .response_stream import ClientStream, Reply, ResponsePump, error_response, overloaded_response
+from .word_lists import resolve_words
 
 log = logging.getLogger("kvshare.triton")
 
@@ -134,22 +135,40 @@ class LLMEngineModel:
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             try:
-                parsed = generation_request(get, default_max_tokens=self.engine.config.default_max_tokens)
-                self.engine.validate(parsed.prompt_ids, parsed.params)
+                rows = [resolve_words(r, self.engine.tokenizer)
+                        for r in generation_requests(get, default_max_tokens=self.engine.config.default_max_tokens)]
+                for row in rows:
+                    self.engine.validate(row.prompt_ids, row.params)
             except InvalidRequest as exc:
                 sender.send(error_response(pb_utils, str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             key = get("request_key")
-            request_id = _keyed_id(key) if key is not None else f"{request.request_id() or 'req'}#{next(self._ids)}"
-            self.pump.register(request_id, ClientStream(sender, parsed))
-            accepted = self.loop.try_submit(Submission(request_id, parsed.prompt_ids, parsed.params, parsed.cache_salt,
-                                                       not parsed.exclude_input_in_output, None, sender.is_cancelled,
-                                                       batch_sink=self.pump.put_many))
-            if not accepted:
-                self.pump.forget(request_id)
-                sender.send(overloaded_response(pb_utils, self.loop.in_flight, self.loop.max_in_flight),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            base_id = _keyed_id(key) if key is not None else f"{request.request_id() or 'req'}#{next(self._ids)}"
+            self._submit(base_id, rows, sender)
         return None
+
+    def _submit(self, base_id: str, rows: list[GenerationRequest], sender) -> None:
+        """One engine request per row and sequence: num_return_sequences n > 1 forks n - 1 of them
+        from the first (one prefill); a beam search is one engine request. All or none go in."""
+        members = []
+        for row in rows:
+            n = row.num_return_sequences if row.params.beam_width == 1 else 1
+            first = None
+            for s in range(n):
+                rid = base_id if len(rows) == 1 and n == 1 else f"{base_id}/{row.batch_index}.{s}"
+                members.append((rid, row, s, first))
+                first = first or rid
+        reply = Reply(len(members)) if len(members) > 1 else None
+        subs = [Submission(rid, row.prompt_ids, row.params, row.cache_salt, not row.exclude_input_in_output, None,
+                           sender.is_cancelled, batch_sink=self.pump.put_many, fork_of=parent)
+                for rid, row, _, parent in members]
+        for rid, row, s, _ in members:
+            self.pump.register(rid, ClientStream(sender, row, sequence_index=s, reply=reply))
+        if not self.loop.try_submit_all(subs):
+            for rid, *_ in members:
+                self.pump.forget(rid)
+            sender.send(overloaded_response(pb_utils, self.loop.in_flight, self.loop.max_in_flight),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self):
         log.info("kvshare engine shutting down: %d responses sent for %d tokens", self.pump.responses_sent,

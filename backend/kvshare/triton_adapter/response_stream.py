@@ -23,14 +23,32 @@ log = logging.getLogger("kvshare.triton")
 
 
 @dataclass(eq=False)
+class Reply:
+    """A Triton request answered by several engine requests (a [B, ...] batch, num_return_sequences
+    n > 1): the response sender they share, and how many of them are still open. Only the last one
+    to finish sends the final flag, so the client sees one final response for the whole request."""
+    open: int
+
+
+@dataclass(eq=False)
 class ClientStream:
-    """One Triton request's response sender and what its client asked to receive."""
+    """One engine request's response sender and what its client asked to receive."""
     sender: object
     request: GenerationRequest
     # Held back: a non-streaming request's outputs until the end, or a stream's delta until it has
     # stream_interval tokens.
     buffered: RequestOutput | None = None
     responses_sent: int = 0
+    sequence_index: int = 0
+    reply: Reply | None = None          # None: this engine request is the whole Triton request
+    cum_logprob: float = 0.0            # over the tokens sent so far (cum_log_probs is cumulative)
+
+    def closes_reply(self) -> bool:
+        """Called once, when this stream's final output goes out: is it the request's last?"""
+        if self.reply is None:
+            return True
+        self.reply.open -= 1
+        return self.reply.open == 0
 
 
 def error_response(pb, message: str, code: str = "INVALID_ARG"):
@@ -83,10 +101,16 @@ class ResponseBuilder:
             self._ints[key] = tensor
         return tensor
 
-    def response(self, out: RequestOutput, req: GenerationRequest):
+    def response(self, out: RequestOutput, req: GenerationRequest, sequence_index: int = 0,
+                 cum_logprob: float = 0.0):
+        """The response tensors of one output, shaped as TensorRT-LLM's: text_output rank 1 (one
+        string per beam), the per-response scalars [1, 1]; batch_index only for a batched request,
+        sequence_index only for num_return_sequences > 1 (as TRT-LLM sends them)."""
         pb = self._pb
+        if out.beams:
+            return pb.InferenceResponse(output_tensors=self._beam_tensors(out, req))
         text = (self._string("text_output", "") if not out.text
-                else pb.Tensor("text_output", np.array([[out.text.encode("utf-8")]], dtype=np.object_)))
+                else pb.Tensor("text_output", np.array([out.text.encode("utf-8")], dtype=np.object_)))
         tensors = [
             text,
             pb.Tensor("output_ids", np.array(out.token_ids, dtype=np.int32).reshape(1, -1)),
@@ -94,16 +118,68 @@ class ResponseBuilder:
             self._string("finish_reason", out.finish_reason or ""),
             self._int("cached_tokens", out.cached_tokens),
         ]
+        self._common(tensors, out, req, sequence_index)
+        if req.return_log_probs:
+            tensors.append(pb.Tensor("cum_log_probs", np.array([[cum_logprob]], dtype=np.float32)))
+            tensors.append(pb.Tensor("output_log_probs", np.array(out.logprobs, dtype=np.float32).reshape(1, 1, -1)))
+        if req.return_generation_logits:
+            tensors.append(pb.Tensor("generation_logits", _stack(out.generation_logits).reshape(1, 1, len(out.generation_logits), -1)))
+        return pb.InferenceResponse(output_tensors=tensors)
+
+    def _common(self, tensors: list, out: RequestOutput, req: GenerationRequest, sequence_index: int) -> None:
         if req.return_num_input_tokens:
             tensors.append(self._int("num_input_tokens", out.num_prompt_tokens))
         if req.return_num_output_tokens:
             tensors.append(self._int("num_output_tokens", len(out.token_ids)))
-        return pb.InferenceResponse(output_tensors=tensors)
+        if req.batch_size > 1:
+            tensors.append(self._int("batch_index", req.batch_index))
+        if req.num_return_sequences > 1 and req.params.beam_width == 1:
+            tensors.append(self._int("sequence_index", sequence_index))
+        if req.return_perf_metrics and out.timing is not None:
+            t = out.timing
+            tensors += [self._int("kv_cache_alloc_new_blocks", t.kv_new_pages),
+                        self._int("kv_cache_reused_blocks", t.kv_reused_pages),
+                        self._int("kv_cache_alloc_total_blocks", t.kv_total_pages)]
+            tensors += [self._pb.Tensor(name, np.array([[v]], dtype=np.int64)) for name, v in (
+                ("arrival_time_ns", t.arrival_ns), ("first_scheduled_time_ns", t.first_scheduled_ns),
+                ("first_token_time_ns", t.first_token_ns), ("last_token_time_ns", t.last_token_ns))]
+            # no speculative decoding: nothing drafted, nothing accepted
+            tensors += [self._pb.Tensor("acceptance_rate", np.zeros((1, 1), dtype=np.float32)),
+                        self._int("total_accepted_draft_tokens", 0), self._int("total_draft_tokens", 0)]
+
+    def _beam_tensors(self, out: RequestOutput, req: GenerationRequest) -> list:
+        """A beam search's one response: every beam (best first, up to num_return_sequences when
+        set), output_ids [1, W, max_len] padded with pad_id (-1 when unset), as TensorRT-LLM."""
+        pb = self._pb
+        beams = out.beams[:req.num_return_sequences] if req.num_return_sequences > 1 else out.beams
+        echo = out.text[:len(out.text) - len(beams[0].text)] if beams and out.text.endswith(beams[0].text) else ""
+        width = max(len(b.token_ids) for b in beams) if beams else 0
+        pad = -1 if req.pad_id is None else req.pad_id
+        ids = np.full((1, len(beams), width), pad, dtype=np.int32)
+        logprobs = np.zeros((1, len(beams), width), dtype=np.float32)
+        for j, b in enumerate(beams):
+            ids[0, j, :len(b.token_ids)] = b.token_ids
+            logprobs[0, j, :len(b.logprobs)] = b.logprobs
+        tensors = [pb.Tensor("text_output", np.array([(echo + b.text).encode("utf-8") for b in beams], dtype=np.object_)),
+                   pb.Tensor("output_ids", ids), self._string("finish_reason", out.finish_reason or ""),
+                   self._int("cached_tokens", out.cached_tokens)]
+        self._common(tensors, out, req, 0)
+        if req.return_log_probs:
+            tensors.append(pb.Tensor("cum_log_probs", np.array([[b.cum_logprob for b in beams]], dtype=np.float32)))
+            tensors.append(pb.Tensor("output_log_probs", logprobs))
+        return tensors
 
 
-def build_response(pb, out: RequestOutput, req: GenerationRequest):
+def _stack(logits: tuple) -> np.ndarray:
+    """Host fp32 logits rows (torch tensors) as one numpy array [n, V]."""
+    if not logits:
+        return np.zeros((0, 0), dtype=np.float32)
+    return np.stack([row.numpy() for row in logits]).astype(np.float32, copy=False)
+
+
+def build_response(pb, out: RequestOutput, req: GenerationRequest, sequence_index: int = 0):
     """One response without tensor reuse (what ResponseBuilder.response must equal)."""
-    return ResponseBuilder(pb).response(out, req)
+    return ResponseBuilder(pb).response(out, req, sequence_index)
 
 
 class ResponsePump:
@@ -183,12 +259,14 @@ class ResponsePump:
         return out
 
     def _send(self, stream: ClientStream, out: RequestOutput) -> None:
-        flags = self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.finished else 0
+        final = out.finished and stream.closes_reply()
+        flags = self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         try:
             if out.finish_reason == "error":
                 response = error_response(self._pb, out.error or "generation failed", "INTERNAL")
             else:
-                response = self._builder.response(out, stream.request)
+                stream.cum_logprob += sum(out.logprobs)
+                response = self._builder.response(out, stream.request, stream.sequence_index, stream.cum_logprob)
             stream.sender.send(response, flags=flags)
         except Exception:
             # The client went away; the engine hears of it through is_cancelled() and frees the pages.
