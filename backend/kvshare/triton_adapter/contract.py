@@ -164,7 +164,7 @@ INPUTS: tuple[Tensor, ...] = (
        "words, embedding bias, penalties or min_tokens; streaming is accepted and sends the beams at the end"),
     _s("stream", "TYPE_BOOL", (1,), ALL, "true: one response per text delta; false: one response"),
     _u("prompt_embedding_table", "TYPE_FP16", (-1, -1), ALL, "prompt tuning", empty, "an empty tensor"),
-    _u("prompt_table_extra_id", "TYPE_UINT64", (1,), TEXT, "prompt tuning", _zero, "0"),
+    _u("prompt_table_extra_id", "TYPE_UINT64", (1,), ALL, "prompt tuning", _zero, "0"),
     _u("prompt_vocab_size", "TYPE_INT32", (1,), ALL, "prompt tuning", _zero, "0"),
     _s("embedding_bias_words", "TYPE_STRING", (-1,), ALL, "GenerationRequest.embedding_bias: every token of word i "
        "gets embedding_bias_weights[i] added to its logit (equal lengths; empty words dropped)"),
