@@ -9,7 +9,7 @@ from typing import Callable, Optional
 from kvshare_client.metrics import fetch_metrics, metric_total, parse_samples
 
 ROOT = Path(__file__).resolve().parents[2]
-LOADTEST = ROOT / "perf" / "loadtest"
+LOADTEST = ROOT / "perf" / "load"
 
 
 def metric(metrics_url: str, name: str) -> Optional[float]:

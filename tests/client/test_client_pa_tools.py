@@ -1,4 +1,4 @@
-"""perf/loadtest's perf_analyzer helpers: input-data generation and export statistics."""
+"""perf/load's perf_analyzer helpers: input-data generation and export statistics."""
 
 import importlib.util
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-LOADTEST = Path(__file__).resolve().parents[2] / "perf" / "loadtest"
+LOADTEST = Path(__file__).resolve().parents[2] / "perf" / "load"
 
 
 def load(name):
