@@ -25,6 +25,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -218,12 +219,15 @@ def run_suite(suite: Suite, out: Path, runner: Runner, only: set[str], skip: set
             "python": sys.executable, "carry_missing": missing_carry,
             "stages": [r.__dict__ for r in results]}, indent=1) + "\n")
 
+    def selected(name: str) -> bool:      # a need left out by --only/--skip is not waited for
+        return (not only or name in only) and name not in skip
+
     passed: set[str] = set()
     for stage in suite.stages:
         if (only and stage.name not in only) or stage.name in skip:
             res = StageResult(stage.name, command(stage, out), stage.limit_s, "skipped", reason="not selected")
-        elif [n for n in stage.needs if n not in passed and (not only or n in only)]:
-            failed = [n for n in stage.needs if n not in passed]
+        elif [n for n in stage.needs if n not in passed and selected(n)]:
+            failed = [n for n in stage.needs if n not in passed and selected(n)]
             res = StageResult(stage.name, command(stage, out), stage.limit_s, "skipped",
                               reason=f"needs {', '.join(failed)}")
         else:
@@ -249,6 +253,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--budget", type=float, default=None, metavar="SECONDS", help="cap on the whole run")
     ap.add_argument("--tail", type=int, default=6, help="lines of each stage's log to print after it (0: none)")
     ap.add_argument("--echo", action="store_true", help="print every stage's output as it comes")
+    ap.add_argument("--archive", metavar="FILE.tar.gz", help="afterwards, pack every suite's folder into this "
+                    "one file (the device returns at most 8 files: --archive $OUT/results.tar.gz)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args(argv)
     if args.list:
@@ -297,7 +303,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name, out, results in summary:
         states = ", ".join(f"{r.name} {r.status}" for r in results if r.reason != "not selected")
         print(f"  {name}: {states}  ({out})")
+    if args.archive:
+        archive(Path(args.archive), [out for _, out, _ in summary])
     return 0 if ok else 1
+
+
+def archive(path: Path, folders: Sequence[Path]) -> None:
+    """One .tar.gz of the suites' folders, each under its own name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        for folder in folders:
+            tar.add(folder, arcname=folder.name)
+    print(f"archive {path} ({path.stat().st_size / 1e6:.1f} MB): {', '.join(f.name for f in folders)}", flush=True)
 
 
 if __name__ == "__main__":
