@@ -8,15 +8,17 @@ ROOT=$PWD
 PY=${PYTHON:-python3}
 log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
+# libb64-0d: perf_analyzer (tritonclient 2.51). docker-compose: only `docker-compose config` in
+# tests/repo/test_compose_config.py (no engine is installed: without recommends it is 16 small packages).
 need_debs=()
-for pkg in libb64-0d; do
+for pkg in libb64-0d docker-compose; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_debs+=("$pkg")
 done
 if [ ${#need_debs[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_debs[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_debs[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_debs[@]}" >/dev/null
 fi
 
 stamp=.venv/.kvshare-installed
