@@ -5,5 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+./scripts/setup_genai_perf.sh || echo "[test] genai-perf could not be set up: tests/backend/integration/test_genai_perf.py will say why"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m pytest -ra --durations=15 "$@"
