@@ -44,6 +44,9 @@ class Recorder:
             self.rows[(tuple(r.prompt_ids), len(r.output_ids))] = cpu[i]
         return self.sampler(logits, rows, greedy_ids=greedy_ids)
 
+    def __getattr__(self, name):           # everything else the runner asks of its sampler
+        return getattr(self.sampler, name)
+
 
 DEVICE, DTYPE = "cuda", "float16"
 

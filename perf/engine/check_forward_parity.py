@@ -39,7 +39,8 @@ def check(shape: str, dtype: torch.dtype, device: str, page_size: int = 16) -> f
     lens = [37, 5, 64, 18]
     prompts = [torch.randint(0, cfg.vocab_size, (n,)).tolist() for n in lens]
     num_pages = sum(-(-(n + 8) // page_size) for n in lens) + 4
-    kv = KVCache.allocate(config, num_pages=num_pages, page_size=page_size, dtype=dtype, device=torch.device(device))
+    dev = torch.device(device)
+    kv = KVCache.allocate(config, num_pages=num_pages, page_size=page_size, dtype=dtype, device=dev)
     perm = torch.randperm(num_pages).tolist()       # pages out of order, as a real pool hands them out
     tables, cursor = [], 0
     for n in lens:
@@ -50,9 +51,9 @@ def check(shape: str, dtype: torch.dtype, device: str, page_size: int = 16) -> f
     seqs = [list(p) for p in prompts]
     # Step 1: prefill in two chunks each (the second chunk attends to the first through the pages).
     half = [n // 2 for n in lens]
-    batch = build_forward_batch([(p[:h], 0, t, False) for p, h, t in zip(prompts, half, tables)], page_size, device)
+    batch = build_forward_batch([(p[:h], 0, t, False) for p, h, t in zip(prompts, half, tables)], page_size, dev)
     model.forward(batch, kv)
-    batch = build_forward_batch([(p[h:], h, t, True) for p, h, t in zip(prompts, half, tables)], page_size, device)
+    batch = build_forward_batch([(p[h:], h, t, True) for p, h, t in zip(prompts, half, tables)], page_size, dev)
     for step in range(4):
         logits = model.forward(batch, kv)
         with torch.inference_mode():
@@ -62,7 +63,7 @@ def check(shape: str, dtype: torch.dtype, device: str, page_size: int = 16) -> f
         nxt = ref.argmax(-1).tolist()
         for s, t in zip(seqs, nxt):
             s.append(t)
-        batch = build_forward_batch([([s[-1]], len(s) - 1, t, True) for s, t in zip(seqs, tables)], page_size, device)
+        batch = build_forward_batch([([s[-1]], len(s) - 1, t, True) for s, t in zip(seqs, tables)], page_size, dev)
     return worst
 
 

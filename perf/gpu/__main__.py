@@ -96,8 +96,7 @@ def out_dir(suite: Suite, args: argparse.Namespace, several: bool) -> Path:
 
 def machine_info(out: Path, env: dict[str, str]) -> None:
     parts = [f"date {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC, host {os.uname().nodename}"]
-    for cmd in (["git", "rev-parse", "--short", "HEAD"],
-                ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used",
+    for cmd in (["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used",
                  "--format=csv"],
                 [sys.executable, "-c", "import sys, torch, triton, transformers, numpy; print('python', "
                  "sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, "

@@ -76,7 +76,7 @@ SUITES: tuple[Suite, ...] = (
                              "--md", "{out}/tables.md"), 150, ("cascade.json",), needs=("tests",)),
            Stage("sampler", (PY, "perf/engine/bench_sampler.py", "--batches", "12,64,256", "--vocabs", "32000,128256",
                              "--json", "{out}/sampler.json"), 90, ("sampler.json",))),
-          minutes=6),
+          minutes=2),
     Suite("engine",
           "offline tok/s and TTFT, Llama-2-7B shape fp16, vs HF generate / generate_batch on the same requests: "
           "fixed-1, seed-12x128, seed-hot10, seed-long, fixed-64, fixed-256; whole seed traces x3; "
@@ -88,7 +88,7 @@ SUITES: tuple[Suite, ...] = (
                    "--step-profile"),
            Stage("report", (PY, "-m", "perf.report.engine_table", "{out}/table.json", "--md", "{out}/table.md"), 30,
                  ("table.md",), needs=("table",))),
-          minutes=5),
+          minutes=4),
     Suite("shared-prefix",
           "shared-prefix, the whole trace (1,024 requests, 100 GB pool): prefix sharing + cascade decode vs "
           "the same engine with sharing off (admission delay 8 both), and sharing with delay 0",
@@ -133,7 +133,7 @@ SUITES: tuple[Suite, ...] = (
                            "tests/kernels/test_fused_norm.py", "tests/kernels/test_fused_rotary.py",
                            "tests/kernels/test_fused_forward.py", "tests/kernels/test_fused_silu.py",
                            "tests/kernels/test_cascade_forward.py"), 200)),
-          minutes=4),
+          minutes=2.5),
     Suite("profile",
           "where a step's time goes: decode graph replay vs kernels at batch 64 and 256, fixed-256's prefill "
           "phase (host and kernels), shared-prefix cascade and mixed steps at 16x16 and 32x8",
