@@ -148,8 +148,10 @@ class EngineLoop:
             except Exception as exc:  # validated before submit; this is the backstop
                 self._deliver([RequestOutput(sub.request_id, (), "", True, "error", len(sub.prompt_ids), 0, 0, str(exc))])
         elif kind == "cancel":
-            out = self.engine.abort(payload, "cancelled")
-            self._deliver([out] if out else [])
+            # a batched or n-sequence request's members are "<id>/<row>.<seq>": a cancel ends them all
+            ids = [payload] + [r for r in self.engine.request_ids() if r.startswith(payload + "/")]
+            outs = [self.engine.abort(rid, "cancelled") for rid in ids]
+            self._deliver([out for out in outs if out])
         elif kind == "call":
             fn, done = payload
             try:

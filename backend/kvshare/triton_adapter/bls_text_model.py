@@ -56,12 +56,13 @@ class BLSTextModel:
             return None if t is None else t.as_numpy()
 
         try:
-            ids = self.prompter.prompt_ids(get)
+            ids, lengths = self.prompter.token_tensors(get)    # [B, L] rows, as the ensemble's preprocessing
         except InvalidRequest as exc:
             sender.send(error_response(pb_utils, str(exc)), flags=final)
             return
         key = uuid.uuid4().hex
-        inputs = [pb_utils.Tensor("input_ids", np.array([ids], dtype=np.int32)), _key_tensor("request_key", key)]
+        inputs = [pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("input_lengths", lengths),
+                  _key_tensor("request_key", key)]
         for name in PASSTHROUGH:
             t = pb_utils.get_input_tensor_by_name(request, name)
             if t is not None:
