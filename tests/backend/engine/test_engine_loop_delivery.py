@@ -30,7 +30,7 @@ class FakeEngine:
     def request_ids(self):
         return list(self.running)
 
-    def add_request(self, rid, prompt_ids, params, *, cache_salt="", echo_prompt=False):
+    def add_request(self, rid, prompt_ids, params, *, cache_salt="", echo_prompt=False, fork_of=None):
         self.running[rid] = [params.max_tokens, 0]
 
     def step(self) -> list[RequestOutput]:
@@ -252,3 +252,36 @@ def test_real_engine_batches_equal_plain_sink_outputs(n):
         return outs
 
     assert run(batch=True) == run(batch=False)
+
+
+def test_a_cancel_ends_every_member_of_a_batched_request():
+    engine = FakeEngine(step_s=0.001)
+    batches: queue.SimpleQueue = queue.SimpleQueue()
+    loop = EngineLoop(engine, cancel_poll_s=0.01)
+    long = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
+    subs = [Submission(rid, [1], long, "", False, None, None, batch_sink=batches.put)
+            for rid in ("key:k/0.0", "key:k/0.1", "key:k/1.0", "key:other")]
+    assert loop.try_submit_all(subs)
+    time.sleep(0.05)
+    loop.cancel("key:k")
+    deadline = time.monotonic() + 5
+    finals = {}
+    while len(finals) < 3 and time.monotonic() < deadline:
+        try:
+            batch = batches.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        finals.update({o.request_id: o.finish_reason for o in batch if o.finished})
+    assert finals == {"key:k/0.0": "cancelled", "key:k/0.1": "cancelled", "key:k/1.0": "cancelled"}
+    assert engine.request_ids() == ["key:other"]
+    loop.shutdown()
+
+
+def test_try_submit_all_takes_all_or_none():
+    loop = EngineLoop(FakeEngine(step_s=0.001), max_in_flight=3)
+    p = SamplingParams(max_tokens=1_000, temperature=0.0)
+    subs = [Submission(f"r{i}", [1], p, "", False, None, None) for i in range(4)]
+    assert not loop.try_submit_all(subs)
+    assert loop.in_flight == 0
+    assert loop.try_submit_all(subs[:3])
+    loop.shutdown()
