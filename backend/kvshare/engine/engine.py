@@ -188,6 +188,10 @@ class LLMEngine:
                              internal=internal)
         self._by_request[request_id] = state
         self._by_seq[seq_id] = state
+        if params.return_context_logits:
+            # every prompt position must be computed for its logits: no page of another request serves it
+            cache_salt = f"{cache_salt}\x00context-logits:{request_id}"
+            fork_of = None
         parent = self._by_request.get(fork_of) if fork_of is not None else None
         self.scheduler.add(seq_id, state.prompt_ids, salt=cache_salt.encode(), max_new_tokens=params.max_tokens,
                            fork_of=parent.seq_id if parent is not None else None)
@@ -335,7 +339,8 @@ class LLMEngine:
                 ids = (future_ref(pending_rows[chunk.seq_id]),)   # sampled by the step still on the device
             else:
                 ids = state.token_slice(chunk.start, chunk.num_tokens)
-            inputs.append(ChunkInput(ids, chunk.start, self.scheduler.page_table(chunk.seq_id), sampling))
+            all_logits = state.params.return_context_logits and chunk.start < len(state.prompt_ids)
+            inputs.append(ChunkInput(ids, chunk.start, self.scheduler.page_table(chunk.seq_id), sampling, all_logits))
         sampling_ids = [c.seq_id for c in plan.chunks if c.samples]
         if overlap:
             launched = self.runner.launch_greedy(inputs)
@@ -343,7 +348,10 @@ class LLMEngine:
             outputs += self._resolve_pending()
             self._pending = _PendingStep(tuple(sampling_ids), {s: i for i, s in enumerate(sampling_ids)}, launched)
             return outputs
-        tokens, details = self.runner.execute(inputs)
+        tokens, details, context = self.runner.execute(inputs)
+        for chunk, rows in zip(plan.chunks, context):
+            if rows is not None:
+                self._collect_context_logits(self._by_seq[chunk.seq_id], chunk.start, rows)
         sampled = dict(zip(sampling_ids, tokens))
         self.scheduler.on_step_done(sampled)
         return outputs + self._emit(sampled, dict(zip(sampling_ids, details)))
@@ -361,11 +369,20 @@ class LLMEngine:
         """Rows whose sampling needs the previous token on the host (penalties, min_tokens, random
         draws) run synchronously; greedy rows only need the argmax, which stays on the device."""
         for chunk in plan.chunks:
-            if chunk.samples:
-                p = self._by_seq[chunk.seq_id].params
-                if not p.greedy or p.adjusts_logits or p.needs_logits_on_host:
-                    return False
+            p = self._by_seq[chunk.seq_id].params
+            if chunk.samples and (not p.greedy or p.adjusts_logits or p.needs_logits_on_host):
+                return False
+            if p.return_context_logits and chunk.num_tokens > 1:
+                return False
         return True
+
+    @staticmethod
+    def _collect_context_logits(state: RequestState, start: int, rows) -> None:
+        """Keep the logits of prompt positions not kept yet (a preempted request recomputes some)."""
+        end = min(start + rows.shape[0], len(state.prompt_ids))
+        if end > state.context_collected:
+            state.context_logits.append(rows[state.context_collected - start:end - start])
+            state.context_collected = end
 
     def _resolve_pending(self) -> list[RequestOutput]:
         pending, self._pending = self._pending, None
@@ -404,6 +421,9 @@ class LLMEngine:
         if len(state.output_ids) == 1 and state.echo_prompt:
             text = state.echo_prompt + text
         extras = {}
+        if state.context_logits:
+            extras["context_logits"] = torch.cat(state.context_logits)
+            state.context_logits = []
         if detail is not None:
             if p.logprobs >= 0:
                 extras["logprobs"] = (detail.logprob,)

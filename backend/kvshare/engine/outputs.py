@@ -41,6 +41,7 @@ class RequestOutput:
     logprobs: tuple[float, ...] = ()  # one per token in token_ids, when the request asked (logprobs >= 0)
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()   # per token: the logprobs > 0 best (id, logprob)
     generation_logits: tuple[Any, ...] = ()   # fp32 [V] host tensors, one per token, when asked
+    context_logits: Any = None        # fp32 [prompt_len, V] host tensor on the first output, when asked
     timing: RequestTiming | None = None       # on the final output
     beams: tuple[Beam, ...] = ()      # beam search: the final output's beams, best first
 
@@ -69,7 +70,8 @@ def merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
         then.request_id, first.token_ids + then.token_ids, first.text + then.text, then.finished,
         then.finish_reason, then.num_prompt_tokens, then.num_output_tokens, then.cached_tokens, then.error,
         first.logprobs + then.logprobs, first.top_logprobs + then.top_logprobs,
-        first.generation_logits + then.generation_logits, then.timing, then.beams)
+        first.generation_logits + then.generation_logits,
+        first.context_logits if first.context_logits is not None else then.context_logits, then.timing, then.beams)
 
 
 def coalesce(outputs: list[RequestOutput]) -> list[RequestOutput]:

@@ -26,6 +26,8 @@ class RequestState:
     last_token_at: float | None = None
     cached_tokens: int = 0
     end_ids: frozenset[int] = frozenset()       # tokens that end it (the request's end_id, else the model's EOS)
+    context_logits: list = field(default_factory=list)   # host fp32 [n, V] pieces, prompt positions in order
+    context_collected: int = 0                  # prompt positions whose logits are in context_logits
     internal: bool = False                      # a beam-search step's request: no metrics, outputs go to its search
 
     def token_slice(self, start: int, n: int) -> list[int]:

@@ -33,8 +33,11 @@ class ForwardBatch:
 
 def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bool]], page_size: int,
                         device: torch.device, *, decode_max_context: int | None = None,
-                        cascade: "CascadePlan | None" = None) -> ForwardBatch:
+                        cascade: "CascadePlan | None" = None, all_logits: Sequence[bool] | None = None) -> ForwardBatch:
     """chunks: (token ids to compute, start position, the sequence's page table, wants logits).
+
+    all_logits: per chunk, whether every one of its tokens' logits is wanted (return_context_logits),
+    not only its last's; those rows come in token order, in chunk order with the others.
 
     decode_max_context: for a decode-only batch, the bound handed to the decode kernel's split-K
     heuristic instead of the batch's own longest context (CUDA graphs fix it; see cuda_graph_runner).
@@ -43,7 +46,7 @@ def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bo
     two copies from pinned memory that do not wait for the device: a pageable torch.tensor(...,
     device=cuda) blocks the host until the stream drains, which under overlap scheduling held every
     prefill/mixed step's host work behind the previous step (behind the Triton server on the H200:
-    0.84 -> 0.965 of the offline engine once it stopped; docs/results/h200-s4.md).
+    0.84 -> 0.965 of the offline engine once it stopped; docs/results/h200.md).
     """
     b = len(chunks)
     lens = np.fromiter((len(t) for t, _, _, _ in chunks), dtype=np.int64, count=b)
@@ -63,6 +66,9 @@ def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bo
     positions = np.arange(t, dtype=np.int64) - np.repeat(qsl[:-1] - starts, lens)
     slots = table[row, positions // page_size].astype(np.int64) * page_size + positions % page_size
     logits_rows = qsl[1:][wants] - 1
+    if all_logits is not None and any(all_logits):
+        logits_rows = np.concatenate([np.arange(qsl[i], qsl[i + 1]) if all_logits[i] else qsl[i + 1:i + 2] - 1
+                                      for i in range(b) if all_logits[i] or wants[i]]).astype(np.int64)
     ctx = starts + lens
 
     wide = _Packer(np.int64)        # ids, positions, logits rows

@@ -46,6 +46,7 @@ class ChunkInput:
     start: int                         # position of token_ids[0]
     page_table: Sequence[int]          # the sequence's physical pages, in order
     sampling: SamplingRow | None       # set when a next token is wanted after this chunk
+    all_logits: bool = False           # return every token's logits (return_context_logits; eager steps only)
 
 
 class ModelRunner:
@@ -95,15 +96,37 @@ class ModelRunner:
         src, dst = to_device(_columns(copies), self.device)   # one upload for both lists
         self.model.ops.copy_pages(list(self.kv.k), list(self.kv.v), src, dst)
 
-    def execute(self, chunks: Sequence[ChunkInput]) -> tuple[list[int], list[TokenDetail | None]]:
-        """One sampled token per chunk that has ``sampling``, in chunk order, and what each row asked
-        for beside it (log-probabilities, raw logits; None for rows that asked nothing)."""
+    def execute(self, chunks: Sequence[ChunkInput]) -> tuple[list[int], list[TokenDetail | None], list]:
+        """One sampled token per chunk that has ``sampling``, in chunk order; what each row asked
+        for beside it (log-probabilities, raw logits; None for rows that asked nothing); and per
+        chunk its tokens' fp32 logits on the host [n, V] when it asked for all of them, else None."""
         rows = [c.sampling for c in chunks if c.sampling is not None]
         logits, greedy = self._forward(chunks, len(rows))
+        context: list = [None] * len(chunks)
+        if any(c.all_logits for c in chunks):
+            logits, context = self._split_context_logits(chunks, logits)
         if not rows:
-            return [], []
+            return [], [], context
         tokens = self.sampler(logits, rows, greedy_ids=greedy)
-        return tokens, self.sampler.details(logits, rows, tokens)
+        return tokens, self.sampler.details(logits, rows, tokens), context
+
+    @staticmethod
+    def _split_context_logits(chunks: Sequence[ChunkInput], logits: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """The forward's rows (build_forward_batch's all_logits order) as the sampling rows' logits and
+        each all-logits chunk's rows on the host."""
+        context, sampling_rows, at = [None] * len(chunks), [], 0
+        for i, c in enumerate(chunks):
+            if c.all_logits:
+                n = len(c.token_ids)
+                context[i] = logits[at:at + n].float().cpu()
+                at += n
+                if c.sampling is not None:
+                    sampling_rows.append(at - 1)
+            elif c.sampling is not None:
+                sampling_rows.append(at)
+                at += 1
+        index = torch.tensor(sampling_rows, dtype=torch.long, device=logits.device)
+        return logits.index_select(0, index), context
 
     def launch_greedy(self, chunks: Sequence[ChunkInput]) -> LaunchedStep:
         """Overlap scheduling: run the step and take the argmax of every sampling row without waiting.
@@ -143,7 +166,8 @@ class ModelRunner:
         decode_bound = self.decode_context if self.device.type == "cuda" else None
         batch = build_forward_batch(
             [(c.token_ids, c.start, c.page_table, c.sampling is not None) for c in chunks],
-            self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan)
+            self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan,
+            all_logits=[c.all_logits for c in chunks] if any(c.all_logits for c in chunks) else None)
         if any(len(c.token_ids) == 1 and c.token_ids[0] < 0 for c in chunks):
             batch = replace(batch, input_ids=resolve_future_ids(batch.input_ids, self.last_ids))
         return self.model.forward(batch, self.kv), None
@@ -151,6 +175,8 @@ class ModelRunner:
     def _graph_fits(self, chunks: Sequence[ChunkInput], num_sampling: int) -> bool:
         g = self.graphs
         if g is None or num_sampling != len(chunks) or g.batch_for(len(chunks)) is None:
+            return False
+        if any(c.all_logits for c in chunks):
             return False
         fits = g.buffers.fits
         return all(fits(c.token_ids, c.page_table) for c in chunks)

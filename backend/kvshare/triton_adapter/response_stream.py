@@ -122,6 +122,8 @@ class ResponseBuilder:
         if req.return_log_probs:
             tensors.append(pb.Tensor("cum_log_probs", np.array([[cum_logprob]], dtype=np.float32)))
             tensors.append(pb.Tensor("output_log_probs", np.array(out.logprobs, dtype=np.float32).reshape(1, 1, -1)))
+        if req.return_context_logits and out.context_logits is not None:
+            tensors.append(pb.Tensor("context_logits", out.context_logits.numpy().astype(np.float32)[None]))
         if req.return_generation_logits:
             tensors.append(pb.Tensor("generation_logits", _stack(out.generation_logits).reshape(1, 1, len(out.generation_logits), -1)))
         return pb.InferenceResponse(output_tensors=tensors)

@@ -98,3 +98,29 @@ def test_beam_request_cancel_frees_every_page(engine):
         engine.step()
     engine.check_integrity()
     assert engine.stats().pool.active == 0 and not engine.request_ids()
+
+
+def test_context_and_generation_logits_equal_hf_logits(engine, hf):
+    ids = engine.tokenizer.encode(PROMPTS[0])
+    params = SamplingParams(max_tokens=3, temperature=0.0, return_context_logits=True,
+                            return_generation_logits=True, logprobs=0)
+    engine.add_request("warm", ids, SamplingParams(max_tokens=2, temperature=0.0))   # the prompt's pages cached
+    outs = []
+    while engine.has_work:
+        outs += engine.step()
+    engine.add_request("ctx", ids, params)
+    outs = []
+    while engine.has_work:
+        outs += [o for o in engine.step() if o.request_id == "ctx"]
+    context = outs[0].context_logits
+    generated = [row for o in outs for row in o.generation_logits]
+    tokens = [t for o in outs for t in o.token_ids]
+    with torch.inference_mode():
+        full = hf(torch.tensor([ids + tokens[:-1]])).logits[0].float()
+    assert context.shape == (len(ids), full.shape[-1])     # every prompt position, though the prompt was cached
+    torch.testing.assert_close(context, full[:len(ids)], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(torch.stack(generated), full[len(ids) - 1:], rtol=1e-3, atol=1e-3)
+    logp = torch.log_softmax(full[len(ids) - 1:], dim=-1)
+    expected = [logp[i, t].item() for i, t in enumerate(tokens)]
+    assert [lp for o in outs for lp in o.logprobs] == pytest.approx(expected, abs=1e-3)
+    engine.check_integrity()
