@@ -30,7 +30,7 @@ def test_silu_and_mul_matches_torch(impl, dtype, t, n, device):
         torch.testing.assert_close(out.cpu().float(), exp.float(), rtol=ULP[dtype], atol=ULP[dtype])
     else:
         # On the GPU: Triton's exp and torch's differ in the last fp32 bits, which can flip the rounding
-        # of silu to fp16/bf16 (seen on the H200 at 5 x 1500, session 3): one ulp, on few values.
+        # of silu to fp16/bf16 (seen on the H200 at 5 x 1500, 2026-11-30): one ulp, on few values.
         ref = _torch(gate_up.to(device)).cpu()
         ulp = 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
         torch.testing.assert_close(out.cpu().float(), ref.float(), rtol=ulp, atol=1e-5)

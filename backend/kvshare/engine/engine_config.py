@@ -49,7 +49,7 @@ class EngineConfig:
     # Schedule and post-process step N+1 while step N runs (greedy steps without penalties); the
     # host work between steps leaves the GPU's critical path. None = on for CUDA, off on the CPU:
     # on the H200 decode steps ran 16-20% faster with identical outputs (fixed-64 7.12 -> 6.12 ms,
-    # fixed-256 16.05 -> 13.33 ms; docs/gpu-engine.md, perf/gpu/results-validate-s3/overlap.log);
+    # fixed-256 16.05 -> 13.33 ms; docs/gpu-engine.md, perf/results/options/2026-11-30/overlap.log);
     # the CPU has no asynchronous device to overlap with. Read overlap_enabled, not this field.
     overlap_schedule: bool | None = None
     seed: int = 0

@@ -2,7 +2,7 @@
 
 After start-up the process holds millions of long-lived objects (weights' tensors, modules, the
 tokenizer, the page pool's nodes). Each full collection walks all of them: on the CPU machine that
-was ~0.9 ms per decode step at batch 64 (perf/gpu/profile_engine_host.py), paid while the GPU
+was ~0.9 ms per decode step at batch 64 (perf/engine/profile_engine_host.py), paid while the GPU
 waits. Moving the start-up heap into the permanent generation (gc.freeze, as vLLM and SGLang do)
 leaves only the objects created per request to collect. Call once, after the engine is built, from
 the code that owns the process (the Triton model's initialize, a benchmark's main).

@@ -24,7 +24,7 @@ from ..sampling_params import SamplingParams
 # and every row of the top-k group pays for the group's widest window.
 TOP_K_WINDOW_MAX = 1024
 # On CUDA the grouped paths launch more kernels than one sort, which wins at small sizes (H200,
-# perf/gpu/results-validate-s3/sampler.log, rows x vocab): a batch of top-k rows only is faster in the
+# perf/results/kernels/2026-11-30/sampler.log, rows x vocab): a batch of top-k rows only is faster in the
 # window from ~8M logits (64 x 128k: 1.9x; 12 x 32k: 0.7x), a batch mixing paths from ~32M (256 x 128k:
 # 1.7x; 256 x 32k: 0.6x). Pure temperature rows race on the raw logits at any size (4.7-8.9x); on the
 # CPU every grouped path wins (12-26x).

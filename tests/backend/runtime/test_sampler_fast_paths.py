@@ -270,7 +270,7 @@ def test_greedy_ids_from_the_graph_stay_for_greedy_rows_of_a_sampled_batch():
     assert out[1] == int(logits[1].argmax()) and out[3] == int(logits[3].argmax())
 
 
-# The H200 sampler benchmark (perf/gpu/results-validate-s3/sampler.log): batch, vocab, mode, whether
+# The H200 sampler benchmark (perf/results/kernels/2026-11-30/sampler.log): batch, vocab, mode, whether
 # the grouped paths beat the one sort. use_one_sort must pick the faster side at every measured point.
 _H200 = [(12, 32000, "top_k", False), (64, 32000, "top_k", False), (256, 32000, "top_k", True),
          (12, 128256, "top_k", False), (64, 128256, "top_k", True), (256, 128256, "top_k", True),
