@@ -51,7 +51,7 @@ OUTPUT_TOKENS = 128
 POOLS = (5_120, 12_800)
 PAGE_SIZE = 16
 # A crude H200 step-cost model for --admission-delay, from the whole-trace shared-prefix run
-# (docs/results/h200-s3.md): decode-only cascade-graph steps 28.0 ms; 167 mixed steps of 100.6 ms
+# (docs/results/h200.md): decode-only cascade-graph steps 28.0 ms; 167 mixed steps of 100.6 ms
 # carried 323k prefill tokens (~1,930 each), about half of a mixed step being the decode rows'
 # attention whatever the prefill carries: ~50 ms fixed + ~26 us per prefill token.
 DECODE_STEP_S = 0.028

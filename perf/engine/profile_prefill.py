@@ -1,4 +1,4 @@
-"""Where fixed-256's prefill phase spends its time on the GPU (docs/results/h200-s3.md: 9 eager
+"""Where fixed-256's prefill phase spends its time on the GPU (docs/results/h200.md: 9 eager
 prefill/mixed steps take 0.76 s of its 2.5 s).
 
 One engine (Llama-2-7B shape, fp16, random weights, page 16, the offline benchmark's defaults):

@@ -1,5 +1,5 @@
 """Where shared-prefix decode and mixed steps spend their time on the GPU (the two open questions of
-docs/results/h200-s3.md).
+docs/results/h200.md).
 
 Builds the shared-prefix steady state in one engine (Llama-2-7B shape, fp16, random weights, page 16):
 G groups x M requests, each a group's 2048-token system prompt + its own 128-token question, the
