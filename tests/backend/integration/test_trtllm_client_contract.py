@@ -246,13 +246,21 @@ def test_num_return_sequences_2(url, model, streaming):
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_num_return_sequences_2_greedy_both_equal_the_single_greedy_text(url, model):
-    # -p PROMPT -n 2 --temperature 0 [-S]
-    single = ok(e2e(url, model, PROMPT, temperature=0.0, exclude_input_in_output=True)).texts[0][0]
-    whole = ok(e2e(url, model, PROMPT, temperature=0.0, num_return_sequences=2, exclude_input_in_output=True))
-    streamed = ok(e2e(url, model, PROMPT, temperature=0.0, num_return_sequences=2, streaming=True))
+@pytest.mark.parametrize("size", ["short", "long"])
+def test_num_return_sequences_2_greedy_both_equal_the_single_greedy_text(url, model, size):
+    # -p P --temperature 0 --exclude-input-in-output, then the same with -n 2 [-S], then the first again.
+    # The prompt is cached by the first request (short: a partial page; long: two full pages and one
+    # partial): the forks must share its pages without writing into them.
+    prompt = (f"The capital city of Italy ({model}) is" if size == "short"
+              else f"Forks over cached pages ({model}). {LONG_PROMPT}")
+    single = ok(e2e(url, model, prompt, temperature=0.0, exclude_input_in_output=True)).texts[0][0]
+    whole = ok(e2e(url, model, prompt, temperature=0.0, num_return_sequences=2, exclude_input_in_output=True))
+    streamed = ok(e2e(url, model, prompt, temperature=0.0, num_return_sequences=2, streaming=True,
+                      exclude_input_in_output=True))
+    after = ok(e2e(url, model, prompt, temperature=0.0, exclude_input_in_output=True)).texts[0][0]
     assert whole.texts[0] == [single, single]
     assert streamed.texts[0] == [single, single]
+    assert after == single, "the prefix cache must still hold the prompt's KV unchanged"
 
 
 # --- -b 2 --------------------------------------------------------------------------------------------
@@ -292,7 +300,8 @@ def test_return_log_probs(url, model, tokenizer):
     assert np.all(lp <= 0) and np.all(np.isfinite(lp))
     assert math.isclose(float(r.cum_log_probs[0][0]), float(lp.sum()), rel_tol=1e-4, abs_tol=1e-3)
 
-    streamed = ok(e2e(url, model, PROMPT, temperature=0.0, return_log_probs=True, streaming=True))
+    streamed = ok(e2e(url, model, PROMPT, temperature=0.0, return_log_probs=True, streaming=True,
+                      exclude_input_in_output=True))
     assert streamed.texts[0][0] == whole.texts[0][0]
     per_token = np.concatenate([s.output_log_probs.reshape(-1) for s in streamed.all_responses])
     np.testing.assert_allclose(per_token, lp.reshape(-1), rtol=1e-4, atol=1e-4)
