@@ -27,6 +27,7 @@ class SamplingParams:
     logprobs: int = -1
     return_generation_logits: bool = False
     return_context_logits: bool = False
+    return_timing: bool = False       # RequestTiming on every output (TRT-LLM's return_perf_metrics), not only the last
     beam_width: int = 1               # > 1: beam search (engine.beam_search); 1: sampling as above
     length_penalty: float = 1.0       # beam search: beams rank by cum_logprob / len ** length_penalty
 

@@ -285,7 +285,11 @@ class Scheduler:
             return None
         if parent.token_ids[:seq.num_prompt_tokens] != seq.token_ids:
             return None
-        if self.kv.num_committed(parent.seq_id) >= seq.num_prompt_tokens - 1:
+        # The whole prompt committed means the parent's prefill step has run: its pages hold the KV.
+        # (At admission a parent's committed count already covers its cached prefix, but its
+        # copy-on-write page is only filled by that step's copies, which run alongside the
+        # child's: forking then copied an empty page, and the child registered it as a prefix.)
+        if self.kv.num_committed(parent.seq_id) >= seq.num_prompt_tokens:
             return parent.seq_id
         return -1
 

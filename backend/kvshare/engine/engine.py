@@ -59,6 +59,7 @@ class _BeamRequest:
     first_token_at: float | None = None
     last_token_at: float | None = None
     cached_tokens: int = 0
+    echo: str = ""                              # the prompt's text, before the best beam's (exclude_input_in_output=false)
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ class LLMEngine:
             raise InvalidRequest("request_id", f"'{request_id}' is already in flight")
         self.validate(prompt_ids, params)
         if params.beam_width > 1:
-            self._add_beam_request(request_id, prompt_ids, params, cache_salt)
+            self._add_beam_request(request_id, prompt_ids, params, cache_salt, echo_prompt)
             return
         self._add(request_id, prompt_ids, params, cache_salt, echo_prompt, fork_of)
         self._prompt_tokens_total += len(prompt_ids)
@@ -198,11 +199,14 @@ class LLMEngine:
         return state
 
     # -- beam search (engine.beam_search: one one-token request per beam and step) ----------------
-    def _add_beam_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, salt: str) -> None:
+    def _add_beam_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, salt: str,
+                          echo_prompt: bool = False) -> None:
         end_ids = frozenset(params.end_ids) if params.end_ids is not None else self.eos_ids
         search = BeamSearch(params.beam_width, params.max_tokens, end_ids, length_penalty=params.length_penalty,
                             ignore_end=params.ignore_eos)
         run = _BeamRequest(request_id, list(prompt_ids), params, salt, search, time.monotonic(), [], {})
+        if echo_prompt and self.tokenizer is not None:
+            run.echo = self.tokenizer.decode(prompt_ids, skip_special_tokens=True)
         self._beams[request_id] = run
         self._prompt_tokens_total += len(prompt_ids)
         self._launch_beam_step(run)
@@ -260,7 +264,12 @@ class LLMEngine:
             if state is not None:
                 self._finish(state, (), "", "cancelled", None)
         self._beams.pop(run.request_id, None)
-        decode = (lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=True)) if self.tokenizer else (lambda ids: "")
+        ends = run.search.end_ids
+
+        def decode(ids: tuple[int, ...]) -> str:     # the end token is not part of the text
+            if self.tokenizer is None:
+                return ""
+            return self.tokenizer.decode(list(ids[:-1] if ids and ids[-1] in ends else ids), skip_special_tokens=True)
         beams = tuple(Beam(h.beam.token_ids, decode(h.beam.token_ids), h.beam.cum_logprob, h.score, h.beam.logprobs)
                       for h in run.search.best(run.params.beam_width)) if reason is None else ()
         best = beams[0] if beams else None
@@ -275,7 +284,7 @@ class LLMEngine:
         timing = RequestTiming(ns(run.arrival), run.first_scheduled_ns, ns(run.first_token_at), ns(run.last_token_at),
                                reused, total - reused, total)
         self._generation_tokens_total += n_out
-        return RequestOutput(run.request_id, best.token_ids if best else (), best.text if best else "", True, reason,
+        return RequestOutput(run.request_id, best.token_ids if best else (), run.echo + best.text if best else "", True, reason,
                              len(run.prompt_ids), n_out, run.cached_tokens, error,
                              logprobs=best.logprobs if best and run.params.logprobs >= 0 else (),
                              timing=timing, beams=beams)
@@ -416,7 +425,8 @@ class LLMEngine:
         n_out = len(state.output_ids)
         past_min = n_out >= p.min_tokens
         text = ""
-        if state.detokenizer is not None:
+        ends = token in state.end_ids and not p.ignore_eos and past_min
+        if state.detokenizer is not None and not ends:   # the end token is not part of the text (TRT-LLM's end_id)
             text = state.detokenizer.add(token, check_stop=past_min)
         if len(state.output_ids) == 1 and state.echo_prompt:
             text = state.echo_prompt + text
@@ -432,7 +442,7 @@ class LLMEngine:
             if detail.logits is not None:
                 extras["generation_logits"] = (detail.logits,)
         reason = None
-        if token in state.end_ids and not p.ignore_eos and past_min:
+        if ends:
             reason = "stop"
         elif state.detokenizer is not None and state.detokenizer.stopped:
             reason = "stop"
@@ -440,6 +450,8 @@ class LLMEngine:
             reason = "length"
         if reason is not None:
             return self._finish(state, (token,), text, reason, None, **extras)
+        if p.return_timing:
+            extras["timing"] = self._timing(state)
         return RequestOutput(state.request_id, (token,), text, False, None, len(state.prompt_ids), n_out,
                              state.cached_tokens, **extras)
 

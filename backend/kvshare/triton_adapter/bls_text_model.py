@@ -28,8 +28,9 @@ ENGINE = "llm_engine"
 PASSTHROUGH = tuple(contract.forwarded_to_engine(contract.BLS))
 
 
-def _key_tensor(name: str, key: str):
-    return pb_utils.Tensor(name, np.array([[key.encode()]], dtype=np.object_))
+def _key_tensor(name: str, key: str, rows: int = 1):
+    """[rows, 1]: Triton requires every input of a batched request to have the same batch size."""
+    return pb_utils.Tensor(name, np.full((rows, 1), key.encode(), dtype=np.object_))
 
 
 class BLSTextModel:
@@ -62,7 +63,7 @@ class BLSTextModel:
             return
         key = uuid.uuid4().hex
         inputs = [pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("input_lengths", lengths),
-                  _key_tensor("request_key", key)]
+                  _key_tensor("request_key", key, ids.shape[0])]
         for name in PASSTHROUGH:
             t = pb_utils.get_input_tensor_by_name(request, name)
             if t is not None:

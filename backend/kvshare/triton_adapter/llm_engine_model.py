@@ -6,6 +6,7 @@ life of the server process.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -159,7 +160,9 @@ class LLMEngineModel:
                 members.append((rid, row, s, first))
                 first = first or rid
         reply = Reply(len(members)) if len(members) > 1 else None
-        subs = [Submission(rid, row.prompt_ids, row.params, row.cache_salt, not row.exclude_input_in_output, None,
+        # The prompt is echoed only in a whole (non-streamed) answer, as TensorRT-LLM does.
+        subs = [Submission(rid, row.prompt_ids, _engine_params(row), row.cache_salt,
+                           not row.exclude_input_in_output and not row.stream, None,
                            sender.is_cancelled, batch_sink=self.pump.put_many, fork_of=parent)
                 for rid, row, _, parent in members]
         for rid, row, s, _ in members:
@@ -176,6 +179,12 @@ class LLMEngineModel:
         self.loop.shutdown()
         self.pump.close()
         self.publisher.close()
+
+
+def _engine_params(row: GenerationRequest):
+    """Perf metrics go out on every response (TRT-LLM's clients read them on each): the engine then
+    attaches the request's timing to every output, not only the last."""
+    return dataclasses.replace(row.params, return_timing=True) if row.return_perf_metrics else row.params
 
 
 def _keyed_id(key) -> str:

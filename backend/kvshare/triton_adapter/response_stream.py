@@ -82,6 +82,7 @@ class ResponseBuilder:
         self._pb = pb
         self._strings: dict[tuple[str, str], object] = {}
         self._ints: dict[tuple[str, int], object] = {}
+        self._empty = None
 
     def _string(self, name: str, value: str):
         key = (name, value)
@@ -90,6 +91,12 @@ class ResponseBuilder:
             tensor = self._pb.Tensor(name, np.array([[value.encode("utf-8")]], dtype=np.object_))
             self._strings[key] = tensor
         return tensor
+
+    def _empty_text(self):
+        """text_output "" (rank 1, as every text_output: TRT-LLM's clients read output[0].decode())."""
+        if self._empty is None:
+            self._empty = self._pb.Tensor("text_output", np.array([b""], dtype=np.object_))
+        return self._empty
 
     def _int(self, name: str, value: int):
         key = (name, value)
@@ -109,7 +116,7 @@ class ResponseBuilder:
         pb = self._pb
         if out.beams:
             return pb.InferenceResponse(output_tensors=self._beam_tensors(out, req))
-        text = (self._string("text_output", "") if not out.text
+        text = (self._empty_text() if not out.text
                 else pb.Tensor("text_output", np.array([out.text.encode("utf-8")], dtype=np.object_)))
         tensors = [
             text,

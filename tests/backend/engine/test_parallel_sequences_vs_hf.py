@@ -124,3 +124,15 @@ def test_context_and_generation_logits_equal_hf_logits(engine, hf):
     expected = [logp[i, t].item() for i, t in enumerate(tokens)]
     assert [lp for o in outs for lp in o.logprobs] == pytest.approx(expected, abs=1e-3)
     engine.check_integrity()
+
+
+def test_forks_over_a_cached_prompt_leave_the_prefix_cache_intact(engine, hf):
+    """The parent's prompt is cached (its last page partial: a copy-on-write at admission); the forks
+    must wait for that copy, or they copy an empty page and register it as the prompt's prefix."""
+    ids = engine.tokenizer.encode("The capital of France is")     # shorter than a page: all partial
+    greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    expected = hf_generate(hf, ids, list(engine.eos_ids))[0]
+    assert run(engine, {"warm": (ids, greedy, None)})["warm"][1] == expected
+    forked = run(engine, {"s0": (ids, greedy, None), "s1": (ids, greedy, "s0"), "s2": (ids, greedy, "s0")})
+    assert [forked[f"s{i}"][1] for i in range(3)] == [expected] * 3
+    assert run(engine, {"again": (ids, greedy, None)})["again"][1] == expected

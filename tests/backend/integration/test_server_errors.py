@@ -61,13 +61,18 @@ BAD_ENSEMBLE_INPUTS = {
     "max_tokens negative": ({"text_input": text("hi"), "max_tokens": i32(-5)}, "max_tokens"),
     "max_tokens past the context": ({"text_input": text("hi"), "max_tokens": i32(100_000)}, "max_tokens"),
     "temperature negative": ({"text_input": text("hi"), "temperature": f32(-0.5)}, "temperature"),
-    "top_p zero": ({"text_input": text("hi"), "top_p": f32(0.0)}, "top_p"),
+    "top_p negative": ({"text_input": text("hi"), "top_p": f32(-0.1)}, "top_p"),
     "top_p above one": ({"text_input": text("hi"), "top_p": f32(1.5)}, "top_p"),
     "top_k negative": ({"text_input": text("hi"), "top_k": i32(-1)}, "top_k"),
     "wrong dtype": ({"text_input": text("hi"), "max_tokens": (np.array([[4.0]], dtype=np.float32), "FP32")}, "max_tokens"),
     "wrong shape": ({"text_input": text("hi"), "max_tokens": i32(4, shape=(1, 3))}, "max_tokens"),
-    "empty stop word": ({"text_input": text("hi"), "stop_words": (np.array([[b"ok", b""]], dtype=np.object_), "BYTES")},
-                        "stop_words"),
+    "beam_width zero": ({"text_input": text("hi"), "beam_width": i32(0)}, "beam_width"),
+    "LoRA is not supported": ({"text_input": text("hi"), "lora_task_id": (np.array([[3]], dtype=np.uint64), "UINT64")},
+                              "lora_task_id"),
+    "old and new name together": ({"text_input": text("hi"), "min_length": i32(2), "min_tokens": i32(2)},
+                                  "min_length"),
+    "batch rows disagree": ({"text_input": (np.array([[b"a"], [b"b"]], dtype=np.object_), "BYTES"),
+                             "max_tokens": i32(4, shape=(3, 1))}, "max_tokens"),
     "stop words not strings": ({"text_input": text("hi"), "stop_words": (np.array([[1, 2]], dtype=np.int32), "INT32")},
                                "stop_words"),
     "min_tokens above max_tokens": ({"text_input": text("hi"), "max_tokens": i32(4), "min_tokens": i32(9)}, "min_tokens"),
@@ -85,7 +90,7 @@ def test_bad_input_is_rejected_with_the_field_named(triton_server, case):
 
 @pytest.mark.parametrize("ids,field", [(np.zeros((1, 0), np.int32), "input_ids"),
                                        (np.array([[1, 2, 10**6]], np.int32), "input_ids"),
-                                       (np.array([[1, 2], [3, 4]], np.int32), "input_ids")])
+                                       (np.array([[1, -5]], np.int32), "input_ids")])
 def test_bad_token_ids_are_rejected(triton_server, ids, field):
     _, error = raw_stream(triton_server.grpc_url, "llm_engine", {"input_ids": (ids, "INT32")})
     assert error is not None and field in error, error
