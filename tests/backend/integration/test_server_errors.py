@@ -72,7 +72,7 @@ BAD_ENSEMBLE_INPUTS = {
     "old and new name together": ({"text_input": text("hi"), "min_length": i32(2), "min_tokens": i32(2)},
                                   "min_length"),
     "batch rows disagree": ({"text_input": (np.array([[b"a"], [b"b"]], dtype=np.object_), "BYTES"),
-                             "max_tokens": i32(4, shape=(3, 1))}, "max_tokens"),
+                             "max_tokens": i32(4, shape=(3, 1))}, "text_input"),   # Triton's own check
     "stop words not strings": ({"text_input": text("hi"), "stop_words": (np.array([[1, 2]], dtype=np.int32), "INT32")},
                                "stop_words"),
     "min_tokens above max_tokens": ({"text_input": text("hi"), "max_tokens": i32(4), "min_tokens": i32(9)}, "min_tokens"),

@@ -115,10 +115,14 @@ def test_same_seed_same_output(client):
     assert any(run(s) != first for s in (1, 2, 3))
 
 
-def test_exclude_input_in_output_false_echoes_the_prompt(client):
-    done = client.generate(GenerationRequest(prompt="The capital of France is", max_tokens=8, temperature=0.0,
-                                             stream=True, exclude_input_in_output=False))
-    assert done.text.startswith("The capital of France is")
+def test_exclude_input_in_output_false_echoes_the_prompt_in_a_whole_answer_only(client):
+    """As TensorRT-LLM: a non-streamed answer starts with the prompt; streamed deltas never carry it."""
+    whole = client.generate(GenerationRequest(prompt="The capital of France is", max_tokens=8, temperature=0.0,
+                                              stream=False, exclude_input_in_output=False))
+    streamed = client.generate(GenerationRequest(prompt="The capital of France is", max_tokens=8, temperature=0.0,
+                                                 stream=True, exclude_input_in_output=False))
+    assert whole.text == "The capital of France is" + streamed.text
+    assert not streamed.text.startswith("The capital of France is")
 
 
 def test_min_tokens_and_max_tokens_bound_the_output(client):
