@@ -277,12 +277,8 @@ class LLMEngine:
             ended = best is not None and best.token_ids and best.token_ids[-1] in run.search.end_ids
             reason = "stop" if ended else "length"
         n_out = len(best.token_ids) if best else 0
-        held = len(run.prompt_ids) + n_out - 1 if n_out else 0
-        ns = lambda t: 0 if t is None else int(t * 1e9) + self._wall_offset_ns
-        total = -(-held // self.kv.page_size)
-        reused = min(run.cached_tokens // self.kv.page_size, total)
-        timing = RequestTiming(ns(run.arrival), run.first_scheduled_ns, ns(run.first_token_at), ns(run.last_token_at),
-                               reused, total - reused, total)
+        timing = self._timing_of(run.arrival, run.first_scheduled_ns, run.first_token_at, run.last_token_at,
+                                 run.cached_tokens, len(run.prompt_ids), n_out)
         self._generation_tokens_total += n_out
         return RequestOutput(run.request_id, best.token_ids if best else (), run.echo + best.text if best else "", True, reason,
                              len(run.prompt_ids), n_out, run.cached_tokens, error,
@@ -467,14 +463,20 @@ class LLMEngine:
                              len(state.output_ids), state.cached_tokens, error, timing=timing, **extras)
 
     def _timing(self, state: RequestState) -> RequestTiming:
-        def ns(t: float | None) -> int:
-            return 0 if t is None else int(t * 1e9) + self._wall_offset_ns
+        return self._timing_of(state.arrival, self._wall_ns(state.first_scheduled_at), state.first_token_at,
+                               state.last_token_at, state.cached_tokens, len(state.prompt_ids), len(state.output_ids))
+
+    def _wall_ns(self, t: float | None) -> int:
+        return 0 if t is None else int(t * 1e9) + self._wall_offset_ns
+
+    def _timing_of(self, arrival: float, first_scheduled_ns: int, first_token_at: float | None,
+                   last_token_at: float | None, cached_tokens: int, prompt_len: int, n_out: int) -> RequestTiming:
         # The KV it holds at the end: every token but the last sampled one (never fed back).
-        held = len(state.prompt_ids) + len(state.output_ids) - 1 if state.output_ids else 0
+        held = prompt_len + n_out - 1 if n_out else 0
         total = -(-held // self.kv.page_size)
-        reused = min(state.cached_tokens // self.kv.page_size, total)
-        return RequestTiming(ns(state.arrival), ns(state.first_scheduled_at), ns(state.first_token_at),
-                             ns(state.last_token_at), reused, total - reused, total)
+        reused = min(cached_tokens // self.kv.page_size, total)
+        return RequestTiming(self._wall_ns(arrival), first_scheduled_ns, self._wall_ns(first_token_at),
+                             self._wall_ns(last_token_at), reused, total - reused, total)
 
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> EngineStats:
