@@ -101,14 +101,6 @@ class BeamSearch:
         """The n best finished hypotheses, best first (n <= width)."""
         return [h for h in self.finished[:n] if h.beam is not None]
 
-    @staticmethod
-    def _extend(c: Candidate) -> BeamState:
-        raise NotImplementedError   # replaced per instance in __init__ (needs self.running)
-
-
-def _extend(self: BeamSearch, c: Candidate) -> BeamState:
-    parent = self.running[c.parent]
-    return BeamState(parent.token_ids + (c.token,), c.cum_logprob, parent.logprobs + (c.logprob,))
-
-
-BeamSearch._extend = _extend      # a method reading self.running
+    def _extend(self, c: Candidate) -> BeamState:
+        parent = self.running[c.parent]
+        return BeamState(parent.token_ids + (c.token,), c.cum_logprob, parent.logprobs + (c.logprob,))
