@@ -34,6 +34,7 @@ from .request_state import RequestState
 
 log = logging.getLogger("kvshare.engine")
 
+_NO_EXTRAS: dict = {}      # a plain token's output asks for nothing more: no dict per token (never written)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -185,8 +186,7 @@ class LLMEngine:
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         echo = self.tokenizer.decode(prompt_ids, skip_special_tokens=True) if echo_prompt and self.tokenizer else ""
         state = RequestState(request_id, seq_id, list(prompt_ids), params, detok, gen, echo_prompt=echo,
-                             end_ids=frozenset(params.end_ids) if params.end_ids is not None else self.eos_ids,
-                             internal=internal)
+                             end_ids=self._end_ids(params), internal=internal)
         self._by_request[request_id] = state
         self._by_seq[seq_id] = state
         if params.return_context_logits:
@@ -201,8 +201,7 @@ class LLMEngine:
     # -- beam search (engine.beam_search: one one-token request per beam and step) ----------------
     def _add_beam_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, salt: str,
                           echo_prompt: bool = False) -> None:
-        end_ids = frozenset(params.end_ids) if params.end_ids is not None else self.eos_ids
-        search = BeamSearch(params.beam_width, params.max_tokens, end_ids, length_penalty=params.length_penalty,
+        search = BeamSearch(params.beam_width, params.max_tokens, self._end_ids(params), length_penalty=params.length_penalty,
                             ignore_end=params.ignore_eos)
         run = _BeamRequest(request_id, list(prompt_ids), params, salt, search, time.monotonic(), [], {})
         if echo_prompt and self.tokenizer is not None:
@@ -210,6 +209,10 @@ class LLMEngine:
         self._beams[request_id] = run
         self._prompt_tokens_total += len(prompt_ids)
         self._launch_beam_step(run)
+
+    def _end_ids(self, params: SamplingParams) -> frozenset[int]:
+        """The tokens that end a request: its end_id when it sent one, else the model's EOS."""
+        return frozenset(params.end_ids) if params.end_ids is not None else self.eos_ids
 
     def _launch_beam_step(self, run: _BeamRequest) -> None:
         step = SamplingParams(max_tokens=1, temperature=0.0, logprobs=run.search.num_candidates, ignore_eos=True)
@@ -274,7 +277,7 @@ class LLMEngine:
                       for h in run.search.best(run.params.beam_width)) if reason is None else ()
         best = beams[0] if beams else None
         if reason is None:
-            ended = best is not None and best.token_ids and best.token_ids[-1] in run.search.end_ids
+            ended = best is not None and best.token_ids and best.token_ids[-1] in ends
             reason = "stop" if ended else "length"
         n_out = len(best.token_ids) if best else 0
         timing = self._timing_of(run.arrival, run.first_scheduled_ns, run.first_token_at, run.last_token_at,
@@ -377,8 +380,8 @@ class LLMEngine:
             p = self._by_seq[chunk.seq_id].params
             if chunk.samples and (not p.greedy or p.adjusts_logits or p.needs_logits_on_host):
                 return False
-            if p.return_context_logits and chunk.num_tokens > 1:
-                return False
+            if p.return_context_logits and chunk.start < len(self._by_seq[chunk.seq_id].prompt_ids):
+                return False     # its prompt rows' logits come back: the eager step (ModelRunner.execute)
         return True
 
     @staticmethod
@@ -426,7 +429,7 @@ class LLMEngine:
             text = state.detokenizer.add(token, check_stop=past_min)
         if len(state.output_ids) == 1 and state.echo_prompt:
             text = state.echo_prompt + text
-        extras = {}
+        extras = _NO_EXTRAS if detail is None and not state.context_logits and not p.return_timing else {}
         if state.context_logits:
             extras["context_logits"] = torch.cat(state.context_logits)
             state.context_logits = []
@@ -446,7 +449,7 @@ class LLMEngine:
             reason = "length"
         if reason is not None:
             return self._finish(state, (token,), text, reason, None, **extras)
-        if p.return_timing:
+        if p.return_timing:     # not on a final output: _finish reads it there
             extras["timing"] = self._timing(state)
         return RequestOutput(state.request_id, (token,), text, False, None, len(state.prompt_ids), n_out,
                              state.cached_tokens, **extras)

@@ -101,9 +101,10 @@ class ModelRunner:
         for beside it (log-probabilities, raw logits; None for rows that asked nothing); and per
         chunk its tokens' fp32 logits on the host [n, V] when it asked for all of them, else None."""
         rows = [c.sampling for c in chunks if c.sampling is not None]
-        logits, greedy = self._forward(chunks, len(rows))
+        all_logits = any(c.all_logits for c in chunks)
+        logits, greedy = self._forward(chunks, len(rows), all_logits)
         context: list = [None] * len(chunks)
-        if any(c.all_logits for c in chunks):
+        if all_logits:
             logits, context = self._split_context_logits(chunks, logits)
         if not rows:
             return [], [], context
@@ -146,10 +147,12 @@ class ModelRunner:
             event.record()
         return LaunchedStep(n, slot, event)
 
-    def _forward(self, chunks: Sequence[ChunkInput], num_sampling: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """fp32 logits of the sampling rows, and their argmax when a decode graph computed it."""
+    def _forward(self, chunks: Sequence[ChunkInput], num_sampling: int,
+                 all_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """fp32 logits of the sampling rows, and their argmax when a decode graph computed it; with
+        all_logits (some chunk returns every token's logits) the rows of build_forward_batch's order."""
         plan = None
-        fits = self._graph_fits(chunks, num_sampling)
+        fits = not all_logits and self._graph_fits(chunks, num_sampling)
         if self.cascade is not None and all(len(c.token_ids) == 1 for c in chunks):
             in_graph = fits and self.graphs.has_cascade_graph(len(chunks))
             plan = plan_shared_prefixes([(c.page_table, c.start + 1) for c in chunks], self.kv.page_size,
@@ -167,7 +170,7 @@ class ModelRunner:
         batch = build_forward_batch(
             [(c.token_ids, c.start, c.page_table, c.sampling is not None) for c in chunks],
             self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan,
-            all_logits=[c.all_logits for c in chunks] if any(c.all_logits for c in chunks) else None)
+            all_logits=[c.all_logits for c in chunks] if all_logits else None)
         if any(len(c.token_ids) == 1 and c.token_ids[0] < 0 for c in chunks):
             batch = replace(batch, input_ids=resolve_future_ids(batch.input_ids, self.last_ids))
         return self.model.forward(batch, self.kv), None
@@ -175,8 +178,6 @@ class ModelRunner:
     def _graph_fits(self, chunks: Sequence[ChunkInput], num_sampling: int) -> bool:
         g = self.graphs
         if g is None or num_sampling != len(chunks) or g.batch_for(len(chunks)) is None:
-            return False
-        if any(c.all_logits for c in chunks):
             return False
         fits = g.buffers.fits
         return all(fits(c.token_ids, c.page_table) for c in chunks)

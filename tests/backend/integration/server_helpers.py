@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,3 +66,14 @@ def own_llm_engine_server(env: dict[str, str], name: str) -> Iterator[object]:
         yield addr
     finally:
         launch.stop(proc)
+
+
+def post(url: str, body: dict, timeout: float = 300.0) -> tuple[int, str, str]:
+    """(HTTP status, Content-Type, body text) of a JSON POST."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode("utf-8")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read().decode("utf-8")

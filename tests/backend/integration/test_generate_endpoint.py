@@ -9,12 +9,10 @@ output tensor by name, `/generate_stream` answers `data: {...}\\n\\n` server-sen
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 
-from server_helpers import wait_for_idle_pool
+from server_helpers import post, wait_for_idle_pool
 
 pytestmark = pytest.mark.server
 
@@ -26,15 +24,6 @@ WITH_WORDS = {**README, "bad_words": ["intelligence", "model"], "stop_words": ["
 GEMMA = {**README, "bad_words": [" intelligence", " allows"], "stop_words": [" computers", "learn"]}
 
 
-def post(url: str, body: dict, timeout: float = 300.0) -> tuple[int, str, str]:
-    """(HTTP status, Content-Type, body text) of a JSON POST."""
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.headers.get("Content-Type", ""), r.read().decode("utf-8")
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("Content-Type", ""), e.read().decode("utf-8")
 
 
 def generate(base: str, model: str, body: dict) -> dict:

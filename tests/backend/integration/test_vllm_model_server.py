@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import queue
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from server_helpers import pool_gauges, wait_for_idle_pool
+from server_helpers import pool_gauges, post, wait_for_idle_pool
 
 pytestmark = pytest.mark.server
 
@@ -180,14 +178,6 @@ def test_a_cancelled_non_streamed_request_frees_its_pages(server):
 
 
 # -- HTTP: the generate extension ----------------------------------------------------------------------
-def post(url: str, body: dict, timeout: float = 300.0) -> tuple[int, str, str]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.headers.get("Content-Type", ""), r.read().decode("utf-8")
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("Content-Type", ""), e.read().decode("utf-8")
 
 
 def generate(server, body: dict) -> dict:
