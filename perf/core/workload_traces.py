@@ -73,6 +73,16 @@ def seed_long(seed: int = DEFAULT_SEED, num_requests: int = 48) -> Trace:
     return Trace("seed-long", _requests(prompts, 128), 12, "12 concurrent, 1024 distinct / 128 out")
 
 
+def seed_long_32k(seed: int = DEFAULT_SEED, num_requests: int = 8, prompt_tokens: int = 32_768,
+                  output_tokens: int = 256) -> Trace:
+    """Long-context prefill and decode: every request in flight at once, each reading a 32k-token
+    context; meant for a model with a 128k window (the Llama-3-8B shape as Llama-3.1-8B)."""
+    rng = random.Random(seed)
+    prompts = [_tokens(rng, prompt_tokens) for _ in range(num_requests)]
+    return Trace("seed-long-32k", _requests(prompts, output_tokens), num_requests,
+                 f"{num_requests} concurrent, {prompt_tokens} distinct / {output_tokens} out")
+
+
 def fixed_b(batch: int, seed: int = DEFAULT_SEED) -> Trace:
     rng = random.Random(seed)
     prompts = [_tokens(rng, 128) for _ in range(max(2 * batch, 8))]
@@ -122,6 +132,7 @@ TRACES: dict[str, Callable[[], Trace]] = {
     "seed-12x128": seed_12x128,
     "seed-hot10": seed_hot10,
     "seed-long": seed_long,
+    "seed-long-32k": seed_long_32k,
     "fixed-1": lambda: fixed_b(1),
     "fixed-64": lambda: fixed_b(64),
     "fixed-256": lambda: fixed_b(256),

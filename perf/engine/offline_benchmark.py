@@ -117,6 +117,7 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
                        kv_cache_memory_gb=args.kv_gb, host_cache_memory_gb=args.host_cache_gb,
                        host_cache_min_hits=args.host_min_hits, max_running=args.max_running or max(trace.concurrency or 64, 1),
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
+                       max_model_len=args.max_model_len,
                        enable_prefix_caching=sharing, overlap_schedule=args.overlap, cascade_attention=args.cascade, eviction=args.eviction,
                        **({"admission": args.admission} if args.admission else {}),
                        **({"admission_delay_steps": args.admission_delay} if args.admission_delay is not None else {}))
@@ -300,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="spill only pages that many admissions shared (0: every evicted page)")
     ap.add_argument("--max-step-tokens", type=int, default=4096)
     ap.add_argument("--max-prefill-chunk", type=int, default=2048)
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="context bound (EngineConfig.max_model_len; default the model's window): it also sizes "
+                         "the decode graphs' split-K, so a 128k-window model benchmarked at 32k sets it")
     ap.add_argument("--max-running", type=int, default=None, help="engine batch limit; default the trace's concurrency")
     ap.add_argument("--open-loop", action="store_true",
                     help="submit every request at once (SGLang's --request-rate inf): the engine's queue and "

@@ -3,6 +3,7 @@
     python3 -m perf.gpu --list                       # suite -> what it measures -> minutes -> files
     python3 -m perf.gpu kernels [engine ...] [--out DIR] [--only S1,S2] [--skip S] [--budget SECONDS]
     python3 -m perf.gpu engine --dry-run             # the commands, nothing run
+    python3 -m perf.gpu peer --call 1 ... then --call 2 # a suite of several device commands, one each
 
 From the repo root (the device runs a copy of the working tree there; nothing of ours is installed,
 perf/gpu/env.py puts the packages on PYTHONPATH). Each suite writes into its folder: --out DIR
@@ -79,8 +80,10 @@ def table(markdown: bool = False) -> str:
         out.append(f"{s.name:<14} ~{s.minutes:g} min (limits {s.limit_s} s)  {s.measures}")
         for st in s.stages:
             out.append(f"    {st.name:<22} {st.limit_s:>4} s  {', '.join(st.writes) or '-'}")
-        if s.carry:
+        if s.carry and not s.calls:
             out.append(f"    carry: {', '.join(s.carry)}")
+        for i, c in enumerate(s.calls, 1):
+            out.append(f"    call {i}: {', '.join(c.stages)}; carry {', '.join(c.carry) or '-'}")
         if s.note:
             out.append(f"    note: {s.note}")
     return "\n".join(out)
@@ -201,22 +204,33 @@ class Runner:
             sys.stdout.flush()
 
 
-def run_suite(suite: Suite, out: Path, runner: Runner, only: set[str], skip: set[str]) -> list[StageResult]:
+def run_suite(suite: Suite, out: Path, runner: Runner, only: set[str], skip: set[str],
+              carry: Optional[Sequence[str]] = None) -> list[StageResult]:
     out.mkdir(parents=True, exist_ok=True)
     base_env = dict(os.environ)
     env = gpu_env.stage_env(base_env, ROOT)
     machine_info(out, env)
-    missing_carry = [c for c in suite.carry if not (ROOT / c).exists()]
+    missing_carry = [c for c in (suite.carry if carry is None else carry) if not (ROOT / c).exists()]
     results: list[StageResult] = []
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     print(f"== suite {suite.name} -> {out}" + (f" (not here: {', '.join(missing_carry)})" if missing_carry else ""),
           flush=True)
 
+    # One of several device commands into the folder of an earlier one (on the warm machine): the
+    # stages this command leaves out keep the earlier command's record, so stages.json covers all.
+    earlier: dict[str, dict] = {}
+    if carry is not None and (out / "stages.json").exists():
+        try:
+            earlier = {s["name"]: s for s in json.loads((out / "stages.json").read_text())["stages"]}
+        except (ValueError, KeyError, TypeError):
+            earlier = {}
+
     def save() -> None:
         (out / "stages.json").write_text(json.dumps({
             "suite": suite.name, "measures": suite.measures, "started": started,
             "python": sys.executable, "carry_missing": missing_carry,
-            "stages": [r.__dict__ for r in results]}, indent=1) + "\n")
+            "stages": [earlier.get(r.name, r.__dict__) if r.reason == "not selected" else r.__dict__
+                       for r in results]}, indent=1) + "\n")
 
     def selected(name: str) -> bool:      # a need left out by --only/--skip is not waited for
         return (not only or name in only) and name not in skip
@@ -249,6 +263,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", help="the suite's output folder (with several suites: DIR/<suite>)")
     ap.add_argument("--only", default="", help="comma-separated stage names to run (of each suite given)")
     ap.add_argument("--skip", default="", help="comma-separated stage names to leave out")
+    ap.add_argument("--call", type=int, default=None, metavar="N",
+                    help="of a suite run as several device commands (--list shows them): the stages of command N")
     ap.add_argument("--budget", type=float, default=None, metavar="SECONDS", help="cap on the whole run")
     ap.add_argument("--tail", type=int, default=6, help="lines of each stage's log to print after it (0: none)")
     ap.add_argument("--echo", action="store_true", help="print every stage's output as it comes")
@@ -269,6 +285,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     only = {s for s in args.only.split(",") if s}
     skip = {s for s in args.skip.split(",") if s}
     several = len(args.suites) > 1
+    carry = None
+    if args.call is not None:
+        suite = BY_NAME[args.suites[0]]
+        if several or not suite.calls:
+            ap.error("--call needs one suite that is run as several device commands")
+        if not 1 <= args.call <= len(suite.calls):
+            ap.error(f"--call: {suite.name} has calls 1..{len(suite.calls)}")
+        if only:
+            ap.error("--call and --only: give one of them")
+        call = suite.calls[args.call - 1]
+        only, carry = set(call.stages), call.carry
     if args.dry_run:
         for name in args.suites:
             suite = BY_NAME[name]
@@ -295,7 +322,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name in args.suites:
         suite = BY_NAME[name]
         out = out_dir(suite, args, several)
-        results = run_suite(suite, out, runner, only, skip)
+        results = run_suite(suite, out, runner, only, skip, carry)
         ok &= all(r.status in ("passed",) or r.reason == "not selected" for r in results)
         summary.append((name, out, results))
     print("== summary")

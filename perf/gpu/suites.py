@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perf.peer import rows as peer_rows
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -23,6 +25,14 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class Call:
+    """One device command of a suite that needs several (what it carries exceeds one call's limit):
+    the stages it runs, what it carries. The machine stays warm in between, so /tmp carries over."""
+    stages: tuple[str, ...]
+    carry: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Suite:
     name: str
     measures: str
@@ -30,6 +40,7 @@ class Suite:
     minutes: float                        # expected on one H200, model loads and compiles included
     carry: tuple[str, ...] = ()           # git-ignored paths the device command must carry
     note: str = ""
+    calls: tuple[Call, ...] = ()          # consecutive device commands (--call N); empty: one command
 
     @property
     def writes(self) -> tuple[str, ...]:
@@ -59,6 +70,50 @@ def profiler(name: str, script: str, limit_s: int, *args: str, result: str) -> S
     return Stage(name, (PY, f"perf/engine/{script}", *args, "--out", f"{{out}}/{name}"), limit_s,
                  (f"{name}/{result}",))
 
+
+# The peer side by side (perf/peer/): vLLM 0.25.0 comes as a bundle of two pieces, one per device
+# command (bash ../shared/tools/vllm-h200/build_bundle.sh makes .carry/vllm here). Call 1 stages
+# piece 1 in /tmp/vw (perf/peer/unpack_vllm.sh) and runs kvshare's rows, keeping their JSON in
+# PEER_KEEP for call 2; call 2 unpacks vLLM into /tmp/site, runs one engine per (model,
+# max_num_seqs), then the ratio table.
+PEER_KEEP = "/tmp/kvshare-peer"
+VLLM_SITE = "/tmp/site"
+PEER_UNPACK = ("bash", "perf/peer/unpack_vllm.sh")
+
+
+def peer_kvshare(group: tuple[peer_rows.PeerRow, ...], limit_s: int) -> Stage:
+    name = peer_rows.kvshare_stage_name(group)
+    return Stage(name, (PY, "perf/engine/offline_benchmark.py", "--device", "cuda", *peer_rows.kvshare_args(group),
+                        "--json", f"{{out}}/{name}.json"), limit_s, (f"{name}.json",))
+
+
+def peer_vllm(group: tuple[peer_rows.PeerRow, ...], limit_s: int) -> Stage:
+    name = peer_rows.vllm_stage_name(group)
+    return Stage(name, (PY, "-m", "perf.peer.vllm_offline", "--rows", ",".join(r.workload for r in group),
+                        "--json", f"{{out}}/{name}.json"), limit_s, (f"{name}.json",), needs=("unpack",),
+                 python_path=(VLLM_SITE,))
+
+
+# seconds per stage: kvshare builds an engine per run (~5 s with its graphs); a vLLM engine starts in 20-50 s
+PEER_KVSHARE_LIMITS = {"kvshare-7b": 240, "kvshare-7b-open": 150, "kvshare-8b": 240}
+PEER_VLLM_LIMITS = {"vllm-7b-c1": 150, "vllm-7b-c12": 180, "vllm-7b-c64": 150, "vllm-7b-c256": 200, "vllm-8b-c8": 200}
+PEER_KVSHARE = tuple(peer_kvshare(g, PEER_KVSHARE_LIMITS[peer_rows.kvshare_stage_name(g)])
+                     for g in peer_rows.kvshare_processes())
+PEER_VLLM = tuple(peer_vllm(g, PEER_VLLM_LIMITS[peer_rows.vllm_stage_name(g)]) for g in peer_rows.vllm_engines())
+PEER_STAGES = (
+    Stage("stage-piece1", PEER_UNPACK, 60),
+    *PEER_KVSHARE,
+    Stage("keep", ("bash", "-c", f"rm -rf {PEER_KEEP} && mkdir -p {PEER_KEEP} && cp {{out}}/kvshare-*.json {PEER_KEEP}/ "
+                   f"&& ls -l {PEER_KEEP}"), 30),
+    Stage("unpack", PEER_UNPACK, 90),
+    *PEER_VLLM,
+    Stage("table", (PY, "-m", "perf.peer.ratio_table", "--kvshare", PEER_KEEP, "--vllm", "{out}", "--md",
+                    "{out}/table.md", "--json", "{out}/peer.json"), 30, ("table.md", "peer.json")),
+)
+PEER_CALLS = (
+    Call(("stage-piece1", *(s.name for s in PEER_KVSHARE), "keep"), (".carry/vllm/p1",)),
+    Call(("unpack", *(s.name for s in PEER_VLLM), "table"), (".carry/vllm/p2",)),
+)
 
 SMOLLM2_SITE = "/tmp/kvshare-smollm2-site"
 SMOLLM2_EXPECTED = "perf/engine/smollm2_cpu_expected.json"
@@ -178,6 +233,15 @@ SUITES: tuple[Suite, ...] = (
           note="the GGUF is larger than one command may carry: bash perf/engine/split_gguf.sh here, then one "
                "device command carrying .carry/gguf_a (e.g. `python3 -m perf.gpu --list`) and, on the same warm "
                "machine, one carrying .carry/gguf_b that runs this suite"),
+    Suite("peer",
+          "kvshare vs vLLM 0.25.0's offline engine on the same traces, one lease: fixed-1, seed-12x128, seed-long, "
+          "fixed-64, fixed-256 (x3, median), shared-prefix (256 at once), seed-long-32k (Llama-3.1-8B shape, "
+          "8 x 32k -> 256); tok/s, ratio, TTFT p50",
+          PEER_STAGES, minutes=11, carry=(".carry/vllm/p1", ".carry/vllm/p2"),
+          note="two consecutive commands on one warm machine: --call 1 (kvshare's rows; carries piece 1), then "
+               "--call 2 (vLLM's rows and the table; carries piece 2); the bundle: bash "
+               "../shared/tools/vllm-h200/build_bundle.sh (perf/peer/README.md)",
+          calls=PEER_CALLS),
 )
 
 BY_NAME = {s.name: s for s in SUITES}

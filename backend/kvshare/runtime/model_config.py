@@ -68,6 +68,14 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         head_dim=128, vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0, max_position=8192,
         tie_word_embeddings=False, eos_token_ids=(128001, 128009),
     ),
+    # The Llama-3-8B shape with its 128k window (llama3 rope scaling): long-context benchmarks.
+    "llama-3.1-8b": ModelConfig(
+        num_layers=32, hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8,
+        head_dim=128, vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0, max_position=131072,
+        tie_word_embeddings=False, eos_token_ids=(128001, 128008, 128009),
+        rope_parameters=(("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                         ("original_max_position_embeddings", 8192), ("rope_type", "llama3")),
+    ),
     "tiny-llama": ModelConfig(  # for tests: a few layers, GQA, small vocab
         num_layers=2, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2,
         head_dim=16, vocab_size=256, rms_norm_eps=1e-5, rope_theta=10000.0, max_position=512,
