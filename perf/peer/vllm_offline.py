@@ -209,13 +209,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.platforms import current_platform   # NVML: no CUDA context in this front-end process
 
     t0 = time.perf_counter()
     llm = LLM(**kw)
     init_s = time.perf_counter() - t0
     cfg = llm.llm_engine.vllm_config
     engine = dict(init_s=round(init_s, 1), vllm=vllm.__version__, torch=torch.__version__,
-                  device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                  device=current_platform.get_device_name(),
                   prefix_caching=cfg.cache_config.enable_prefix_caching,
                   max_num_seqs=cfg.scheduler_config.max_num_seqs,
                   max_num_batched_tokens=cfg.scheduler_config.max_num_batched_tokens,
