@@ -1,0 +1,232 @@
+"""One load generator for two servers: Triton's gRPC streaming (kvshare) and an OpenAI streaming
+HTTP endpoint (`vllm serve`), on the same workload file, closed or open loop.
+
+    python -m perf.load.serving_load --target triton --url 127.0.0.1:8001 --model ensemble \
+        --workload runs/workloads/seed-12x128.jsonl --concurrency 12 --json runs/load/kvshare.json
+    python -m perf.load.serving_load --target openai --url http://127.0.0.1:8000 --model MODEL \
+        --workload runs/workloads/seed-12x128.jsonl --rate 8 --seed 0 --json runs/load/vllm.json
+
+The workload is perf/workloads/generate.py's (one tokenizer made the text prompts, NAME.jsonl; or
+their token ids, NAME.ids.jsonl), so both servers get the same prompts and lengths. Every request
+is greedy with its output length forced (ignore_eos, min_tokens = max_tokens), streamed.
+Closed loop (--concurrency C): C requests in flight, the next sent when one ends. Open loop
+(--rate R): Poisson arrivals at R requests/s from --seed (inf: all at once), sent whatever is in
+flight. Bounded: at most --requests requests, each within --timeout-s, the whole run within
+--max-seconds.
+
+Reported: output tok/s over the window (first request sent -> last one done), requests/s, TTFT
+(sent -> first content) p50/p99, ITL (gap between content messages / tokens in the later one)
+p50/p99, end-to-end p50/p99, errors.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request as the client saw it (time.perf_counter seconds)."""
+    index: int
+    sent_at: float
+    finished_at: float
+    output_tokens: int = 0
+    content_times: tuple[float, ...] = field(default=())
+    content_tokens: tuple[int, ...] = field(default=())
+    error: Optional[str] = None
+
+
+Send = Callable[[int, Any], Awaitable[Outcome]]
+
+
+def percentile(values: Sequence[float], q: float) -> Optional[float]:
+    """Linear-interpolated percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def summarize(outcomes: Sequence[Outcome], expected_tokens: Optional[int] = None) -> dict[str, Any]:
+    done = [o for o in outcomes if o.error is None]
+    start = min((o.sent_at for o in outcomes), default=0.0)
+    end = max((o.finished_at for o in outcomes), default=0.0)
+    window = end - start
+    tokens = sum(o.output_tokens for o in done)
+    ttft = [o.content_times[0] - o.sent_at for o in done if o.content_times]
+    itl = [(t1 - t0) / n for o in done
+           for t0, t1, n in zip(o.content_times, o.content_times[1:], o.content_tokens[1:]) if n > 0]
+    e2e = [o.finished_at - o.sent_at for o in done]
+
+    def ms(values, q):
+        p = percentile(values, q)
+        return None if p is None else round(1e3 * p, 3)
+
+    return dict(requests=len(outcomes), done=len(done), errors=len(outcomes) - len(done),
+                error_samples=[o.error for o in outcomes if o.error][:5], window_s=round(window, 4),
+                output_tokens=tokens, expected_tokens=expected_tokens,
+                tok_per_s=tokens / window if window > 0 else None,
+                req_per_s=len(done) / window if window > 0 else None,
+                ttft_p50_ms=ms(ttft, 50), ttft_p99_ms=ms(ttft, 99), itl_p50_ms=ms(itl, 50), itl_p99_ms=ms(itl, 99),
+                e2e_p50_ms=ms(e2e, 50), e2e_p99_ms=ms(e2e, 99))
+
+
+async def _guarded(send: Send, index: int, request: Any) -> Outcome:
+    t0 = time.perf_counter()
+    try:
+        return await send(index, request)
+    except Exception as exc:  # counted and reported; the run goes on
+        return Outcome(index, t0, time.perf_counter(), error=f"{type(exc).__name__}: {exc}"[:300])
+
+
+async def closed_loop(send: Send, requests: Sequence[Any], concurrency: int) -> list[Outcome]:
+    if concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    queue = list(enumerate(requests))[::-1]
+    out: list[Outcome] = []
+
+    async def worker() -> None:
+        while queue:
+            i, r = queue.pop()
+            out.append(await _guarded(send, i, r))
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)))))
+    return sorted(out, key=lambda o: o.index)
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Seconds after the start of each of n arrivals at `rate` per second (inf: all at 0)."""
+    if rate <= 0:
+        raise ValueError("rate must be > 0")
+    if math.isinf(rate):
+        return [0.0] * n
+    rng, t, times = random.Random(seed), 0.0, []
+    for _ in range(n):
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+async def open_loop(send: Send, requests: Sequence[Any], arrivals: Sequence[float]) -> list[Outcome]:
+    start = time.perf_counter()
+
+    async def one(i: int, r: Any, at: float) -> Outcome:
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return await _guarded(send, i, r)
+
+    return list(await asyncio.gather(*(one(i, r, at) for i, (r, at) in enumerate(zip(requests, arrivals)))))
+
+
+def openai_body(request, model: str) -> dict[str, Any]:
+    """An OpenAI /v1/completions streaming body for a kvshare_client GenerationRequest."""
+    prompt = request.prompt if request.prompt is not None else list(request.input_ids or ())
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": request.max_tokens, "stream": True,
+                            "stream_options": {"include_usage": True}, "return_token_ids": True,
+                            "temperature": 0.0 if request.temperature is None else request.temperature,
+                            "ignore_eos": bool(request.ignore_eos)}
+    if request.min_tokens is not None:
+        body["min_tokens"] = request.min_tokens
+    return body
+
+
+def openai_sender(url: str, model: str, timeout_s: float) -> Send:
+    from perf.load.openai_stream import stream_completion
+
+    async def send(index: int, request: Any) -> Outcome:
+        c = await stream_completion(url, openai_body(request, model), timeout_s=timeout_s)
+        return Outcome(index, c.sent_at, c.finished_at, c.output_tokens, c.content_times, c.content_tokens)
+
+    return send
+
+
+def triton_sender(client, model: str) -> Send:
+    async def send(index: int, request: Any) -> Outcome:
+        c = await client.generate(request, model=model)
+        return Outcome(index, c.sent_at, c.finished_at, c.output_tokens or 0, tuple(c.content_times),
+                       tuple(c.content_tokens))
+
+    return send
+
+
+def load_requests(path: Path, count: Optional[int], output_tokens: Optional[int]) -> list:
+    """The workload's requests, greedy and streamed, each forced to its output length."""
+    from kvshare_client.workload import load_workload
+
+    reqs = list(load_workload(path))[: count or None]
+    out = []
+    for r in reqs:
+        n = output_tokens or r.max_tokens
+        out.append(replace(r, max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0, stream=True))
+    return out
+
+
+async def run(args: argparse.Namespace, requests: list) -> list[Outcome]:
+    arrivals = poisson_arrivals(len(requests), args.rate, args.seed) if args.rate is not None else None
+
+    async def drive(send: Send) -> list[Outcome]:
+        if arrivals is not None:
+            return await open_loop(send, requests, arrivals)
+        return await closed_loop(send, requests, args.concurrency)
+
+    if args.target == "openai":
+        return await asyncio.wait_for(drive(openai_sender(args.url, args.model, args.timeout_s)), args.max_seconds)
+    from kvshare_client import AsyncKvshareClient
+
+    async with AsyncKvshareClient(args.url, stream_timeout=args.timeout_s) as client:
+        return await asyncio.wait_for(drive(triton_sender(client, args.model)), args.max_seconds)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m perf.load.serving_load", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", choices=["triton", "openai"], required=True,
+                    help="triton: gRPC streaming (host:port); openai: /v1/completions streaming (http://host:port)")
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--model", required=True, help="Triton model (ensemble: text, llm_engine: ids) or served name")
+    ap.add_argument("--workload", type=Path, required=True, help="perf/workloads/generate.py's NAME.jsonl or .ids.jsonl")
+    ap.add_argument("--requests", type=int, default=None, help="the workload's first N requests")
+    ap.add_argument("--output-tokens", type=int, default=None, help="override every request's output length")
+    loop = ap.add_mutually_exclusive_group(required=True)
+    loop.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
+    loop.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second (inf: all at once)")
+    ap.add_argument("--seed", type=int, default=0, help="of the open loop's arrival times")
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="per request")
+    ap.add_argument("--max-seconds", type=float, default=600.0, help="the whole run")
+    ap.add_argument("--json", type=Path, default=None, help="write the summary and every request's timings here")
+    args = ap.parse_args(argv)
+    if args.concurrency is not None and args.concurrency < 1:
+        ap.error("--concurrency must be >= 1")
+    if args.rate is not None and not args.rate > 0:
+        ap.error("--rate must be > 0 (inf: all at once)")
+    requests = load_requests(args.workload, args.requests, args.output_tokens)
+    outcomes = asyncio.run(run(args, requests))
+    summary = summarize(outcomes, sum(r.max_tokens for r in requests))
+    summary.update(target=args.target, url=args.url, model=args.model, workload=str(args.workload),
+                   loop="open" if args.rate is not None else "closed", concurrency=args.concurrency, rate=args.rate,
+                   seed=args.seed)
+    print(json.dumps({k: v for k, v in summary.items() if k != "error_samples"}), flush=True)
+    for e in summary["error_samples"]:
+        print(f"   error: {e}", flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"summary": summary, "requests": [asdict(o) for o in outcomes]}, indent=1) + "\n")
+    return 0 if summary["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
