@@ -3,6 +3,7 @@
 # (.carry/vllm: p1/bundle.part.aa, p2/bundle.part.ab + bundle.sha256). One device command carries one
 # piece; /tmp survives while the machine stays warm, so the pieces meet in $STAGE:
 #   bash perf/peer/unpack_vllm.sh        # with piece 1: stages it; with piece 2: checks, unpacks into $SITE
+#                                        # (and installs .carry/vllm/serve/*.whl there when carried)
 # Then PYTHONPATH=$SITE imports vllm (perf/gpu/suites.py's `peer` stages put it first).
 set -euo pipefail
 B=${1:-.carry/vllm}
@@ -29,6 +30,11 @@ tar xJf "$STAGE/rest.tar.xz" -C "$SITE"
 xz -dc "$STAGE/c.xz" > "$SITE/vllm/_C_stable_libtorch.abi3.so"
 xz -dc "$STAGE/fa3.xz" > "$SITE/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"
 chmod 755 "$SITE"/vllm/*.so "$SITE"/vllm/vllm_flash_attn/*.so
+serve=("$B"/serve/*.whl)
+if [ ${#serve[@]} -gt 0 ]; then    # `vllm serve`'s extra packages (perf/peer/build_serve_wheels.sh), when carried
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "${serve[@]}"
+    echo "installed ${#serve[@]} serving wheels into $SITE"
+fi
 echo "unpacked into $SITE: $(du -sh "$SITE" | cut -f1)"
 if [ "${VLLM_UNPACK_NO_IMPORT:-0}" != 1 ]; then
     PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 python3 -c \
