@@ -7,7 +7,9 @@ HTTP endpoint (`vllm serve`), on the same workload file, closed or open loop.
         --workload runs/workloads/seed-12x128.jsonl --rate 8 --seed 0 --json runs/load/vllm.json
 
 The workload is perf/workloads/generate.py's (one tokenizer made the text prompts, NAME.jsonl; or
-their token ids, NAME.ids.jsonl), so both servers get the same prompts and lengths. Every request
+their token ids, NAME.ids.jsonl), so both servers get the same prompts and lengths; or --trace NAME,
+a perf/core/workload_traces.py trace as token ids (servers with dummy weights: Triton's llm_engine,
+`vllm serve --skip-tokenizer-init`, whose token ids come back through `return_token_ids`). Every request
 is greedy with its output length forced (ignore_eos, min_tokens = max_tokens), streamed.
 Closed loop (--concurrency C): C requests in flight, the next sent when one ends. Open loop
 (--rate R): Poisson arrivals at R requests/s from --seed (inf: all at once), sent whatever is in
@@ -163,11 +165,23 @@ def triton_sender(client, model: str) -> Send:
     return send
 
 
-def load_requests(path: Path, count: Optional[int], output_tokens: Optional[int]) -> list:
-    """The workload's requests, greedy and streamed, each forced to its output length."""
+def trace_requests(name: str) -> list:
+    """A perf/core/workload_traces.py trace as token-id requests (ids < 32000: any model of that
+    vocabulary or larger; the offline rows' prompts, for servers with dummy weights and no tokenizer)."""
+    from kvshare_client import GenerationRequest
+
+    from perf.core.workload_traces import make_trace
+
+    return [GenerationRequest(input_ids=list(r.prompt_ids), max_tokens=r.max_new_tokens)
+            for r in make_trace(name).requests]
+
+
+def load_requests(path: Optional[Path], count: Optional[int], output_tokens: Optional[int],
+                  trace: Optional[str] = None) -> list:
+    """The workload's (or trace's) requests, greedy and streamed, each forced to its output length."""
     from kvshare_client.workload import load_workload
 
-    reqs = list(load_workload(path))[: count or None]
+    reqs = (trace_requests(trace) if trace else list(load_workload(path)))[: count or None]
     out = []
     for r in reqs:
         n = output_tokens or r.max_tokens
@@ -198,7 +212,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="triton: gRPC streaming (host:port); openai: /v1/completions streaming (http://host:port)")
     ap.add_argument("--url", required=True)
     ap.add_argument("--model", required=True, help="Triton model (ensemble: text, llm_engine: ids) or served name")
-    ap.add_argument("--workload", type=Path, required=True, help="perf/workloads/generate.py's NAME.jsonl or .ids.jsonl")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workload", type=Path, help="perf/workloads/generate.py's NAME.jsonl or .ids.jsonl")
+    source.add_argument("--trace", help="a perf/core/workload_traces.py trace, as token ids (dummy weights)")
     ap.add_argument("--requests", type=int, default=None, help="the workload's first N requests")
     ap.add_argument("--output-tokens", type=int, default=None, help="override every request's output length")
     loop = ap.add_mutually_exclusive_group(required=True)
@@ -213,10 +229,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--concurrency must be >= 1")
     if args.rate is not None and not args.rate > 0:
         ap.error("--rate must be > 0 (inf: all at once)")
-    requests = load_requests(args.workload, args.requests, args.output_tokens)
+    try:
+        requests = load_requests(args.workload, args.requests, args.output_tokens, args.trace)
+    except ValueError as exc:
+        ap.error(str(exc))
     outcomes = asyncio.run(run(args, requests))
     summary = summarize(outcomes, sum(r.max_tokens for r in requests))
-    summary.update(target=args.target, url=args.url, model=args.model, workload=str(args.workload),
+    summary.update(target=args.target, url=args.url, model=args.model, workload=args.trace or str(args.workload),
                    loop="open" if args.rate is not None else "closed", concurrency=args.concurrency, rate=args.rate,
                    seed=args.seed)
     print(json.dumps({k: v for k, v in summary.items() if k != "error_samples"}), flush=True)

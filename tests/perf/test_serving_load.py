@@ -138,6 +138,9 @@ def test_openai_body_from_a_workload_line(tmp_path):
     assert a["prompt"] == "one two" and b["prompt"] == [5, 6, 7]
     assert a["max_tokens"] == a["min_tokens"] == b["max_tokens"] == b["min_tokens"] == 3
     assert a["ignore_eos"] and a["temperature"] == 0.0 and a["stream"] and a["return_token_ids"]
+    t = sl.load_requests(None, 2, None, trace="seed-12x128")
+    assert len(t) == 2 and len(t[0].input_ids) == 128 and t[0].max_tokens == t[0].min_tokens == 128
+    assert sl.openai_body(t[0], "m")["prompt"] == list(t[0].input_ids)
 
 
 def test_openai_target_end_to_end_through_main(tmp_path):
