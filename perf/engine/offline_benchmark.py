@@ -114,13 +114,17 @@ def warm_up(engine: LLMEngine, trace: Trace, vocab: int) -> None:
 def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label: str) -> Row:
     concurrency = len(trace.requests) if args.open_loop else (trace.concurrency or 64)
     cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
-                       kv_cache_memory_gb=args.kv_gb, host_cache_memory_gb=args.host_cache_gb,
+                       kv_cache_memory_gb=args.kv_gb, kv_cache_dtype=args.kv_cache_dtype,
+                       host_cache_memory_gb=args.host_cache_gb,
                        host_cache_min_hits=args.host_min_hits, max_running=args.max_running or max(trace.concurrency or 64, 1),
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
                        enable_prefix_caching=sharing, overlap_schedule=args.overlap, cascade_attention=args.cascade, eviction=args.eviction,
                        **({"admission": args.admission} if args.admission else {}),
                        **({"admission_delay_steps": args.admission_delay} if args.admission_delay is not None else {}))
     engine = LLMEngine(cfg, loaded=loaded)
+    kv = engine.kv
+    print(f"   {label}: KV pool of {kv.num_pages} pages x {kv.page_size} tokens ({kv.dtype}, "
+          f"{kv.nbytes / 1e9:.2f} GB, {kv.bytes_per_token} bytes per token)", flush=True)
     warm_up(engine, trace, loaded.config.vocab_size)
     freeze_startup_heap()   # as the server does: no full GC walks over the weights' objects per step
     # The warm-up's second pass hits the cache by design; the row's hit rate counts the timed requests only.
@@ -161,7 +165,7 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
     if steps is not None:
         print(f"   step profile of {label} ({secs:.2f} s):\n{format_summary(steps, secs)}", flush=True)
     pool = engine.stats().pool
-    page_bytes = engine.kv.page_size * loaded.config.kv_bytes_per_token * engine.kv.k[0].element_size() // 2
+    page_bytes = engine.kv.page_size * engine.kv.bytes_per_token
     del engine
     thaw()
     return Row(trace.name, label, len(trace.requests), out_tokens, secs, out_tokens / secs, _pct(ttft, 0.5),
@@ -293,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-tokens", type=int, default=None, help="override every request's output length")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--kv-gb", type=float, default=None, help="KV pool size; default 40 on CUDA, 1 on CPU")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8_e4m3", "int8"),
+                    help="KV page layout: the model's dtype, fp8 e4m3, or int8 with per-token scales")
     ap.add_argument("--host-cache-gb", type=float, default=0.0,
                     help="host tier below the pool (EngineConfig.host_cache_memory_gb; 0 = none): evicted prefix "
                          "pages are kept there and loaded back instead of recomputed")
@@ -335,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     hf = hf_model(loaded, args) if any({"generate", "generate_batch"} & set(b) for _, _, b in specs) else None
     rows: list[Row] = []
     # Non-default engine settings go into the row label, so result files say what ran.
-    settings = [f"{args.admission}" if args.admission else "",
+    settings = ["" if args.kv_cache_dtype == "auto" else f"kv {args.kv_cache_dtype}",
+                f"{args.admission}" if args.admission else "",
                 f"delay {args.admission_delay}" if args.admission_delay is not None else "", overlap_label(args.overlap),
                 "" if args.cascade else "no cascade", "" if args.eviction == "lru" else args.eviction,
                 f"host {args.host_cache_gb:g} GB" + ("" if args.host_min_hits == 1 else f" min hits {args.host_min_hits}")
