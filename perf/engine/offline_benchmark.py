@@ -297,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-tokens", type=int, default=None, help="override every request's output length")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--kv-gb", type=float, default=None, help="KV pool size; default 40 on CUDA, 1 on CPU")
-    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8_e4m3", "int8"),
-                    help="KV page layout: the model's dtype, fp8 e4m3, or int8 with per-token scales")
+    ap.add_argument("--kv-cache-dtype", default="auto",
+                    help="KV page layout: auto (the model's dtype), fp8_e4m3, int8 (per-token scales); a comma "
+                         "list runs each workload once per layout, on one loaded model")
     ap.add_argument("--host-cache-gb", type=float, default=0.0,
                     help="host tier below the pool (EngineConfig.host_cache_memory_gb; 0 = none): evicted prefix "
                          "pages are kept there and loaded back instead of recomputed")
@@ -341,22 +342,31 @@ def main(argv: list[str] | None = None) -> int:
     hf = hf_model(loaded, args) if any({"generate", "generate_batch"} & set(b) for _, _, b in specs) else None
     rows: list[Row] = []
     # Non-default engine settings go into the row label, so result files say what ran.
-    settings = ["" if args.kv_cache_dtype == "auto" else f"kv {args.kv_cache_dtype}",
-                f"{args.admission}" if args.admission else "",
+    kv_dtypes = [d for d in args.kv_cache_dtype.split(",") if d]
+    for d in kv_dtypes:
+        if d not in ("auto", "fp8_e4m3", "int8"):
+            ap.error(f"--kv-cache-dtype: '{d}' is not auto, fp8_e4m3 or int8")
+    settings = [f"{args.admission}" if args.admission else "",
                 f"delay {args.admission_delay}" if args.admission_delay is not None else "", overlap_label(args.overlap),
                 "" if args.cascade else "no cascade", "" if args.eviction == "lru" else args.eviction,
                 f"host {args.host_cache_gb:g} GB" + ("" if args.host_min_hits == 1 else f" min hits {args.host_min_hits}")
                 if args.host_cache_gb else "",
                 f"T={args.temperature:g}" if args.temperature else "", f"top-k {args.top_k}" if args.top_k else ""]
-    variant = f" ({', '.join(x for x in settings if x)})" if any(settings) else ""
+
+    def variant(kv_dtype: str) -> str:
+        parts = [x for x in ["" if kv_dtype == "auto" else f"kv {kv_dtype}", *settings] if x]
+        return f" ({', '.join(parts)})" if parts else ""
+
     for name, max_requests, baselines in specs:
         trace = limit(make_trace(name), max_requests, args.output_tokens, loaded.config.vocab_size)
         print(f"== {trace.name}: {len(trace.requests)} requests, concurrency {trace.concurrency}", flush=True)
-        rows.append(run_repeated(partial(run_kvshare, loaded, trace, args, sharing=True, label="kvshare" + variant),
-                                 args.repeat))
-        if "no-sharing" in baselines:
-            rows.append(run_repeated(partial(run_kvshare, loaded, trace, args, sharing=False,
-                                             label="kvshare-no-sharing" + variant), args.repeat))
+        for kv_dtype in kv_dtypes:
+            kv_args = argparse.Namespace(**{**vars(args), "kv_cache_dtype": kv_dtype})
+            rows.append(run_repeated(partial(run_kvshare, loaded, trace, kv_args, sharing=True,
+                                             label="kvshare" + variant(kv_dtype)), args.repeat))
+            if "no-sharing" in baselines:
+                rows.append(run_repeated(partial(run_kvshare, loaded, trace, kv_args, sharing=False,
+                                                 label="kvshare-no-sharing" + variant(kv_dtype)), args.repeat))
         if "generate" in baselines:
             rows.append(run_hf_generate(hf, trace, args))
         if "generate_batch" in baselines:
