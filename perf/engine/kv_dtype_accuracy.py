@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False     # the reference run stays the model's own arithmetic
     loaded = load_model(args.model, dtype=dtype, device=device)
-    print(f"model {loaded.source} {args.dtype} on {args.device}; {args.prompts} prompts x {args.tokens} tokens; "
+    print(f"model {Path(loaded.source).name} {args.dtype} on {args.device}; {args.prompts} prompts x {args.tokens} tokens; "
           f"page size {PAGE_SIZE}", flush=True)
     t0 = time.perf_counter()
     rows = measure(loaded, args, dtype, device)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         args.md.write_text(table + footer)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(dict(model=loaded.source, dtype=args.dtype, device=args.device,
+        args.json.write_text(json.dumps(dict(model=Path(loaded.source).name, dtype=args.dtype, device=args.device,
                                              prompts=args.prompts, tokens=args.tokens, ppl_chunk=args.ppl_chunk,
                                              rows=[asdict(r) for r in rows]), indent=1))
     return 0
