@@ -56,6 +56,8 @@ model_transaction_policy {{ decoupled: true }}
 # Engine settings (kvshare.engine.engine_config.EngineConfig); KVSHARE_<NAME> environment variables override them.
 parameters { key: "page_size" value: { string_value: "16" } }
 parameters { key: "kv_cache_memory_gb" value: { string_value: "1.0" } }
+# auto (the model's dtype) | fp8_e4m3 | int8: 8-bit KV pages, about twice the pages (docs/kv-quantization.md).
+parameters { key: "kv_cache_dtype" value: { string_value: "auto" } }
 parameters { key: "max_running" value: { string_value: "32" } }
 parameters { key: "default_max_tokens" value: { string_value: "128" } }
 '''

@@ -6,6 +6,7 @@ Entry points (see docs/interfaces.md for the layout; docs/kernels.md for the des
     paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out=None) -> [B, Hq, D]
     paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, context_lens, scale, out=None) -> [T, Hq, D]
     copy_pages(k_cache, v_cache, src_pages, dst_pages)
+    copy_page_tensors(tensors, src_pages, dst_pages, dst_tensors=None)   (any page-first tensors: K, V, scales)
     rms_norm(x, weight, eps, residual=None) -> [T, N]       (residual += x in place when given)
     rotary_embedding(q, k, cos, sin, positions) -> (q, k)   (in place)
     silu_and_mul(gate_up) -> [T, I]                         (silu(gate) * up)
@@ -14,7 +15,8 @@ The functions of this package pick the implementation from the device of their f
 the Triton kernels (``kvshare_kernels.kernels``) for CUDA tensors, the torch reference
 (``kvshare_kernels.reference``) otherwise. ``ops(device)`` returns the module itself, for callers
 that choose once. Triton is imported only when a CUDA tensor first arrives, so the CPU engine never
-pays for it. KVSHARE_KERNEL_DEBUG=1 (or ``debug=True``) checks page tables against the pool.
+pays for it. 8-bit pools (fp8 e4m3, int8 with per-token scales; ``kv_quant``): the attention and
+write entry points take ``k_scale=``/``v_scale=``. KVSHARE_KERNEL_DEBUG=1 (or ``debug=True``) checks page tables against the pool.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from . import reference
 from .checks import PageTableError, debug_enabled
 
-__all__ = ["write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_pages", "rms_norm",
+__all__ = ["write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_pages", "copy_page_tensors", "rms_norm",
            "rotary_embedding", "silu_and_mul", "ops", "reference", "PageTableError", "debug_enabled"]
 
 
@@ -58,6 +60,10 @@ def paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, co
 
 def copy_pages(k_cache, v_cache, src_pages, dst_pages, **kw) -> None:
     return ops(_first_tensor(k_cache).device).copy_pages(k_cache, v_cache, src_pages, dst_pages, **kw)
+
+
+def copy_page_tensors(tensors, src_pages, dst_pages, **kw) -> None:
+    return ops(tensors[0].device if tensors else "cpu").copy_page_tensors(tensors, src_pages, dst_pages, **kw)
 
 
 def rms_norm(x, weight, eps, *, residual=None, out=None) -> torch.Tensor:

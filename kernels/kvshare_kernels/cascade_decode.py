@@ -18,6 +18,9 @@ one 2k-token system prompt reads the prompt 16 times, and decode is bandwidth-bo
    shortened lengths, with partial outputs on.
 4. A merge kernel combines the suffix and prefix partials exactly (log-sum-exp weights).
 
+8-bit pools: both kernels dequantize tiles as they load them (kv_tiles.load_kv_tile), the same
+way, so the cascade result stays the decode kernel's.
+
 The prefix kernel runs on a side stream, concurrently with the suffix (joined before the merge;
 capturable in a CUDA graph).
 
@@ -39,9 +42,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import checks
+from . import checks, kv_quant, reference
 from . import decode_attention as _da
 from .checks import PageTableError, interpreter_bf16
+from .kv_tiles import load_kv_tile
+from .kv_write import scale_launch_args
 
 __all__ = ["CascadePlan", "plan_cascade", "cascade_decode_attention", "cascade_decode_reference",
            "check_plan_values", "graph_prefix_splits"]
@@ -347,11 +352,12 @@ def check_plan_values(plan: CascadePlan, page_table: torch.Tensor, context_lens:
 
 @triton.jit
 def _cascade_prefix_kernel(
-    Q, K, V, PO, PLSE, PT, GROUP_ROWS, GROUP_LEN, scale_log2, num_splits, num_q_heads,
-    stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ptb,
+    Q, K, V, KS, VS, PO, PLSE, PT, GROUP_ROWS, GROUP_LEN, scale_log2, v_scale, num_splits, num_q_heads,
+    stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_sp, stride_st,
+    stride_ptb,
     MEMBERS: tl.constexpr, GROUP: tl.constexpr, HEADS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_QUANT: tl.constexpr,
 ):
     # Program (KV-head block, group, split). Rows r of the Q tile: member r // (HEADS * GROUP) of the
     # group, query head hblk * HEADS * GROUP + r % (HEADS * GROUP). Columns as in the decode kernel:
@@ -389,6 +395,10 @@ def _cascade_prefix_kernel(
     kvh0 = hblk * HEADS
     k_cols = (kvh0 + c_head) * stride_kh + c_d
     v_cols = (kvh0 + c_head) * stride_vh + c_d
+    if HEADS == 1:
+        s_cols = kvh0
+    else:
+        s_cols = kvh0 + c_head
     for n in range(start, end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -401,11 +411,14 @@ def _cascade_prefix_kernel(
             kv_mask = n_mask[:, None]
         else:
             kv_mask = n_mask[:, None] & c_mask[None, :]
-        k = tl.load(K + (page * stride_kp + in_page * stride_kt)[:, None] + k_cols[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + (page * stride_vp + in_page * stride_vt)[:, None] + v_cols[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:      # the interpreter's tl.dot multiplies bf16 as raw integers
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        s_rows = page * stride_sp + in_page * stride_st
+        k = load_kv_tile(K, KS, page * stride_kp + in_page * stride_kt, k_cols, s_rows, s_cols, n_mask, kv_mask,
+                         KV_QUANT, HEADS == 1)
+        v = load_kv_tile(V, VS, page * stride_vp + in_page * stride_vt, v_cols, s_rows, s_cols, n_mask, kv_mask,
+                         KV_QUANT, HEADS == 1)
+        if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -422,7 +435,7 @@ def _cascade_prefix_kernel(
         own = (lh // GROUP)[:, None, None] == tl.arange(0, HEADS)[None, :, None]
         o = tl.sum(tl.where(own, acc3, 0.0), axis=1)
     empty = l_i == 0.0
-    o = o / tl.where(empty, 1.0, l_i)[:, None]
+    o = o * (v_scale / tl.where(empty, 1.0, l_i))[:, None]
     d = tl.arange(0, BLOCK_D)
     # Partials by batch row: PO [B, Hq, S, D], PLSE [B, Hq, S] (fp32, log2 domain).
     row = (row_b * num_q_heads + head) * num_splits + s
@@ -550,7 +563,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              debug: bool | None = None, block_n: int | None = None, num_warps: int | None = None,
                              num_stages: int | None = None, heads_per_program: int | None = None,
                              suffix_block_n: int | None = None, suffix_heads_per_program: int | None = None,
-                             overlap: bool | None = None) -> torch.Tensor:
+                             overlap: bool | None = None, k_scale=None, v_scale=None) -> torch.Tensor:
     """Decode attention, same arguments and result as ``paged_decode_attention`` plus ``plan``.
 
     q [B, Hq, D]; k_cache/v_cache [num_pages, page_size, Hkv, D]; page_table int32 [B, P];
@@ -566,6 +579,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     """
     b, hq, d = q.shape
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, b, "context_lens")
+    mode, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "cascade_decode_attention")
     num_pages, page_size, hkv, _ = k_cache.shape
     if plan.page_size != page_size or plan.num_rows != b:
         raise ValueError(f"cascade_decode_attention: the plan is for {plan.num_rows} rows of page size "
@@ -576,12 +590,12 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         checks.check_page_table_values(page_table, context_lens, num_pages, page_size)
         check_plan_values(plan, page_table, context_lens)
     suffix_kw = dict(max_context=max_context, num_splits=num_splits, block_n=suffix_block_n,
-                     heads_per_program=suffix_heads_per_program)
+                     heads_per_program=suffix_heads_per_program, k_scale=k_scale, v_scale=v_scale)
     if plan.num_groups == 0 or b == 0:
         return _da.paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out, **suffix_kw)
     if out is None:
         out = torch.empty_like(q)
-    if q.dtype != k_cache.dtype:
+    if q.dtype != k_cache.dtype and mode == kv_quant.NONE:
         raise ValueError(f"cascade_decode_attention: q is {q.dtype}, the cache {k_cache.dtype}")
     if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
         raise ValueError(f"cascade_decode_attention: out must be {q.dtype} {tuple(q.shape)} with a contiguous head_dim")
@@ -609,7 +623,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         prefix_splits = plan.prefix_splits
     if prefix_splits is None:
         prefix_splits = choose_prefix_splits(plan.num_groups, hkv // heads, plan.max_shared_len, rows, heads,
-                                             q.element_size(), q.device, p_block_n)
+                                             k_cache.element_size(), q.device, p_block_n)
     if max_context is None:
         max_context = num_cols * page_size
     if num_splits is None:
@@ -626,6 +640,9 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     spt = i32[: b * num_cols].view(b, num_cols)
     sctx = i32[b * num_cols:]
 
+    ks, vs, stride_sp, stride_st, kf, vf = scale_launch_args(mode, k_cache, k_scale, v_scale)
+    kc, vc = kv_quant.storage_view(k_cache), kv_quant.storage_view(v_cache)
+
     # (a) prefix: one pass over each group's shared pages, for all its rows
     overlap = (OVERLAP if overlap is None else overlap) and q.device.type == "cuda"
     if overlap:
@@ -637,12 +654,13 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         side.wait_stream(main)
     with torch.cuda.stream(side) if overlap else contextlib.nullcontext():
         _cascade_prefix_kernel[(hkv // heads, plan.num_groups, prefix_splits)](
-            q, k_cache, v_cache, ppo, pplse, page_table, plan.group_rows, plan.group_shared_len, scale * LOG2E,
+            q, kc, vc, ks, vs, ppo, pplse, page_table, plan.group_rows, plan.group_shared_len, scale * kf * LOG2E, vf,
             prefix_splits, hq, q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
             MEMBERS=plan.max_members, GROUP=group, HEADS=heads, BLOCK_R=block_r, BLOCK_C=heads * block_d,
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=p_block_n, PAGE_SIZE=page_size, PRECISION=precision, UPCAST=upcast,
+            KV_QUANT=mode,
             num_warps=num_warps or (8 if block_r >= 128 else pcfg["num_warps"]),
             num_stages=num_stages or pcfg["num_stages"],
         )
@@ -652,13 +670,13 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                                PAGE_SIZE=page_size, BLOCK_P=min(256, triton.next_power_of_2(num_cols)), num_warps=1)
     grid = (hkv // s_heads, b, num_splits) if _da.HEAD_FASTEST else (b, hkv // s_heads, num_splits)
     _da._decode_split_kernel[grid](
-        q, k_cache, v_cache, out, spo, splse, spt, sctx, scale * LOG2E, num_splits,
+        q, kc, vc, ks, vs, out, spo, splse, spt, sctx, scale * kf * LOG2E, vf, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), spt.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, spt.stride(0),
         GROUP=group, HEADS=s_heads, BLOCK_R=max(16, triton.next_power_of_2(group * s_heads)),
         BLOCK_C=s_heads * block_d, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=s_block_n, PAGE_SIZE=page_size, SPLIT=True,
-        USE_DOT=True, HEAD_FASTEST=_da.HEAD_FASTEST, PRECISION=precision, UPCAST=upcast,
+        USE_DOT=True, HEAD_FASTEST=_da.HEAD_FASTEST, PRECISION=precision, UPCAST=upcast, KV_QUANT=mode,
         num_warps=dcfg["num_warps"], num_stages=dcfg["num_stages"],
     )
 
@@ -691,10 +709,12 @@ def _partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Ten
 
 def cascade_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                              context_lens: torch.Tensor, plan: CascadePlan, scale: float,
-                             out: torch.Tensor | None = None, **_ignored) -> torch.Tensor:
+                             out: torch.Tensor | None = None, *, k_scale=None, v_scale=None,
+                             **_ignored) -> torch.Tensor:
     """Torch version of cascade_decode_attention: prefix per group, suffix per row, log-sum-exp merge."""
     b = q.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, b, "context_lens")
+    _, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "cascade_decode_reference")
     if out is None:
         out = torch.empty_like(q)
     if b == 0:
@@ -708,8 +728,8 @@ def cascade_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     # suffix: every row, tokens [shared, ctx)
     n_pages = max(1, -(-int(lens.max()) // page_size))
     pages = page_table[:, :n_pages].long().clamp(0, num_pages - 1)
-    k = k_cache.index_select(0, pages.reshape(-1)).view(b, n_pages * page_size, *k_cache.shape[2:]).to(ct)
-    v = v_cache.index_select(0, pages.reshape(-1)).view(b, n_pages * page_size, *v_cache.shape[2:]).to(ct)
+    k = reference._gather_tokens(k_cache, pages, k_scale, ct)          # [B, L, Hkv, D], dequantized
+    v = reference._gather_tokens(v_cache, pages, v_scale, ct)
     pos = torch.arange(n_pages * page_size)[None, :]
     valid = ((pos >= shared[:, None]) & (pos < lens[:, None])).to(q.device)
     o_num, lse_tot = _partial(qc, k, v, valid, scale)
@@ -721,8 +741,8 @@ def cascade_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         if not members or n == 0:
             continue
         gp = page_table[members[0], : n // page_size].long()
-        gk = k_cache.index_select(0, gp).reshape(1, n, *k_cache.shape[2:]).to(ct).expand(len(members), -1, -1, -1)
-        gv = v_cache.index_select(0, gp).reshape(1, n, *v_cache.shape[2:]).to(ct).expand(len(members), -1, -1, -1)
+        gk = reference._gather_tokens(k_cache, gp[None], k_scale, ct).expand(len(members), -1, -1, -1)
+        gv = reference._gather_tokens(v_cache, gp[None], v_scale, ct).expand(len(members), -1, -1, -1)
         idx = torch.tensor(members, device=q.device)
         o_p, lse_p = _partial(qc[idx], gk, gv, torch.ones(len(members), n, dtype=torch.bool, device=q.device), scale)
         lse_s = lse_tot[idx]

@@ -18,6 +18,10 @@ bandwidth:
   heads, ``max_context``), never from reading context_lens, so the launcher never synchronises
   and works inside CUDA graphs. With one split the first kernel writes the output directly.
 * Online softmax in fp32 with exp2 (the scale is pre-multiplied by log2(e)).
+* 8-bit pools (kv_quant): tiles are dequantized as they are loaded (kv_tiles.load_kv_tile), so
+  the pass reads half the bytes; int8's per-(token, head) scales come from the scale tensors
+  beside the pages; fp8's per-tensor K scale is folded into the score scale and its V scale into
+  the output.
 """
 
 from __future__ import annotations
@@ -28,20 +32,23 @@ import torch
 import triton
 import triton.language as tl
 
-from . import checks
+from . import checks, kv_quant
 from .checks import interpreter_bf16
+from .kv_tiles import load_kv_tile
+from .kv_write import scale_launch_args
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, O, PO, PLSE, PT, CTX, scale_log2, num_splits,
+    Q, K, V, KS, VS, O, PO, PLSE, PT, CTX, scale_log2, v_scale, num_splits,
     stride_qb, stride_qh, stride_ob, stride_oh,
-    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ptb,
+    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_sp, stride_st, stride_ptb,
     GROUP: tl.constexpr, HEADS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr,
     USE_DOT: tl.constexpr, HEAD_FASTEST: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    KV_QUANT: tl.constexpr,
 ):
     # A program serves HEADS consecutive KV heads and their HEADS * GROUP query heads (rows r, padded
     # to BLOCK_R). Its K/V tile is [BLOCK_N tokens, HEADS * BLOCK_D] (columns c: head c // BLOCK_D).
@@ -80,6 +87,10 @@ def _decode_split_kernel(
     kvh0 = hblk * HEADS
     k_cols = (kvh0 + c_head) * stride_kh + c_d
     v_cols = (kvh0 + c_head) * stride_vh + c_d
+    if HEADS == 1:
+        s_cols = kvh0
+    else:
+        s_cols = kvh0 + c_head
     for n in range(start, end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -93,11 +104,14 @@ def _decode_split_kernel(
             kv_mask = n_mask[:, None]          # row-constant mask keeps the loads 16 bytes wide
         else:
             kv_mask = n_mask[:, None] & c_mask[None, :]
-        k = tl.load(K + (page * stride_kp + in_page * stride_kt)[:, None] + k_cols[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + (page * stride_vp + in_page * stride_vt)[:, None] + v_cols[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:      # the interpreter's tl.dot multiplies bf16 as raw integers
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        s_rows = page * stride_sp + in_page * stride_st
+        k = load_kv_tile(K, KS, page * stride_kp + in_page * stride_kt, k_cols, s_rows, s_cols, n_mask, kv_mask,
+                         KV_QUANT, HEADS == 1)
+        v = load_kv_tile(V, VS, page * stride_vp + in_page * stride_vt, v_cols, s_rows, s_cols, n_mask, kv_mask,
+                         KV_QUANT, HEADS == 1)
+        if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         if USE_DOT:
             qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)                  # [BLOCK_R, N]
         else:   # one query row: a dot would pad it to 16 rows; multiply-add instead
@@ -121,7 +135,7 @@ def _decode_split_kernel(
         own = (r // GROUP)[:, None, None] == tl.arange(0, HEADS)[None, :, None]
         o = tl.sum(tl.where(own, acc3, 0.0), axis=1)
     empty = l_i == 0.0                  # a split past this request's context
-    o = o / tl.where(empty, 1.0, l_i)[:, None]
+    o = o * (v_scale / tl.where(empty, 1.0, l_i))[:, None]
     d = tl.arange(0, BLOCK_D)
     store_mask = r_mask[:, None] & (d < HEAD_DIM)[None, :]
     if SPLIT:
@@ -202,6 +216,7 @@ def choose_num_splits(batch: int, num_programs_per_request: int, max_context: in
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                            context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
                            max_context: int | None = None, num_splits: int | None = None,
+                           k_scale=None, v_scale=None,
                            debug: bool | None = None, block_n: int | None = None, num_warps: int | None = None,
                            num_stages: int | None = None, use_dot: bool | None = None,
                            heads_per_program: int | None = None, head_fastest: bool | None = None) -> torch.Tensor:
@@ -210,10 +225,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     max_context: an upper bound of context_lens known on the host (default: the page table's
     capacity, max_pages * page_size); it only sizes the split-K heuristic. num_splits overrides the
     heuristic. block_n, num_warps, num_stages, use_dot, heads_per_program (KV heads per program)
-    and head_fastest (grid order) are tuning knobs for tests and benchmarks.
+    and head_fastest (grid order) are tuning knobs for tests and benchmarks. k_scale/v_scale: an
+    int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats (default 1.0).
     """
     b, hq, d = q.shape
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, b, "context_lens")
+    mode, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "paged_decode_attention")
     num_pages, page_size, hkv, _ = k_cache.shape
     if checks.debug_enabled(debug):
         checks.check_page_table_values(page_table, context_lens, num_pages, page_size)
@@ -221,7 +238,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         out = torch.empty_like(q)
     if b == 0:
         return out
-    if q.dtype != k_cache.dtype:
+    if q.dtype != k_cache.dtype and mode == kv_quant.NONE:
         raise ValueError(f"paged_decode_attention: q is {q.dtype}, the cache {k_cache.dtype}")
     if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
         raise ValueError(f"paged_decode_attention: out must be {q.dtype} {tuple(q.shape)} with a contiguous head_dim")
@@ -252,14 +269,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         po = plse = out        # unused
     head_fastest = HEAD_FASTEST if head_fastest is None else head_fastest
     grid = (hkv // heads, b, num_splits) if head_fastest else (b, hkv // heads, num_splits)
+    ks, vs, stride_sp, stride_st, kf, vf = scale_launch_args(mode, k_cache, k_scale, v_scale)
     _decode_split_kernel[grid](
-        q, k_cache, v_cache, out, po, plse, page_table, context_lens, scale * LOG2E, num_splits,
+        q, kv_quant.storage_view(k_cache), kv_quant.storage_view(v_cache), ks, vs, out, po, plse, page_table,
+        context_lens, scale * kf * LOG2E, vf, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
         GROUP=group, HEADS=heads, BLOCK_R=block_r, BLOCK_C=heads * block_d, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=block_n,
         PAGE_SIZE=page_size, SPLIT=split, USE_DOT=use_dot, HEAD_FASTEST=head_fastest, PRECISION=precision,
-        UPCAST=interpreter_bf16(q.dtype),
+        UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     if split:

@@ -15,6 +15,8 @@ rotary_write_kv does the same for q and, in the same program, writes the rotated
 into their pool slots (write_kv's job): the rotated k never goes back to the projection buffer (the
 attention reads keys from the pool only), one launch per layer instead of two. Its rounding is the
 unfused pair's: rotated k is rounded to the activation dtype, then stored in the cache's dtype.
+8-bit caches are quantized as write_kv quantizes (kv_tiles): int8 takes each head's max over both
+rotated halves, so a program rotates a whole head before it stores either half.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import checks
+from . import checks, kv_quant
+from .kv_tiles import fp8_bits, int8_values, store_kv_rows
+from .kv_write import scale_launch_args
 
 
 @triton.jit
@@ -44,6 +48,34 @@ def _rotate_heads(X, t, stride_t, stride_h, cos1, sin1, cos2, sin2, DST, dst_bas
 
 
 @triton.jit
+def _rotate_heads_quantized(X, t, stride_t, stride_h, cos1, sin1, cos2, sin2, DST, S, dst_base, s_base, stride_dh,
+                            inv_scale, NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                            BLOCK_HALF: tl.constexpr, KV_QUANT: tl.constexpr):
+    """_rotate_heads into an 8-bit cache: rounded to X's dtype, then quantized (fp8 per tensor, int8
+    per head over both halves with its scale at S + s_base + head)."""
+    d = tl.arange(0, BLOCK_HALF)
+    for h0 in range(0, NUM_HEADS, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        h_mask = h < NUM_HEADS
+        mask = h_mask[:, None] & (d[None, :] < HALF)
+        p1 = X + t * stride_t + h[:, None] * stride_h + d[None, :]
+        x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
+        r1 = (x1 * cos1 - x2 * sin1).to(X.dtype.element_ty).to(tl.float32)
+        r2 = (x2 * cos2 + x1 * sin2).to(X.dtype.element_ty).to(tl.float32)
+        o1 = DST + dst_base + h[:, None] * stride_dh + d[None, :]
+        if KV_QUANT == 1:
+            tl.store(o1, fp8_bits(r1, inv_scale), mask=mask)
+            tl.store(o1 + HALF, fp8_bits(r2, inv_scale), mask=mask)
+        else:
+            amax = tl.maximum(tl.max(tl.where(mask, tl.abs(r1), 0.0), axis=1),
+                              tl.max(tl.where(mask, tl.abs(r2), 0.0), axis=1))
+            tl.store(o1, int8_values(r1, amax), mask=mask)
+            tl.store(o1 + HALF, int8_values(r2, amax), mask=mask)
+            tl.store(S + s_base + h, amax / 127.0, mask=h_mask)
+
+
+@triton.jit
 def _cos_sin(COS, SIN, pos, stride_cos, stride_sin, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
     """Position pos's rows of the tables, as the fp32 [1, D/2] halves (cos1, sin1, cos2, sin2)."""
     d = tl.arange(0, BLOCK_HALF)
@@ -56,12 +88,12 @@ def _cos_sin(COS, SIN, pos, stride_cos, stride_sin, HALF: tl.constexpr, BLOCK_HA
 
 
 @triton.jit
-def _rotary_kernel(Q, K, V, COS, SIN, POS, KC, VC, SLOTS,
+def _rotary_kernel(Q, K, V, COS, SIN, POS, KC, VC, KS, VS, SLOTS, inv_k_scale, inv_v_scale,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
-                   stride_kcp, stride_kct, stride_kch, stride_vcp, stride_vct, stride_vch,
+                   stride_kcp, stride_kct, stride_kch, stride_vcp, stride_vct, stride_vch, stride_sp, stride_st,
                    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr):
+                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr, KV_QUANT: tl.constexpr):
     """TO_CACHE: rotated k and v go to the token's pool slot (rotary_write_kv); else k is rotated in
     place and V, KC, VC, SLOTS are not touched (rotary_embedding)."""
     t = tl.program_id(0).to(tl.int64)
@@ -77,42 +109,58 @@ def _rotary_kernel(Q, K, V, COS, SIN, POS, KC, VC, SLOTS,
     if slot >= 0:                     # -1: padding, or a token whose KV is not kept
         page = slot // PAGE_SIZE
         off = slot % PAGE_SIZE
-        _rotate_heads(K, t, stride_kt, stride_kh, cos1, sin1, cos2, sin2, KC, page * stride_kcp + off * stride_kct,
-                      stride_kch, NUM_K_HEADS, HALF, BLOCK_H, BLOCK_HALF)
+        s_base = page * stride_sp + off * stride_st
+        if KV_QUANT == 0:
+            _rotate_heads(K, t, stride_kt, stride_kh, cos1, sin1, cos2, sin2, KC, page * stride_kcp + off * stride_kct,
+                          stride_kch, NUM_K_HEADS, HALF, BLOCK_H, BLOCK_HALF)
+        else:
+            _rotate_heads_quantized(K, t, stride_kt, stride_kh, cos1, sin1, cos2, sin2, KC, KS,
+                                    page * stride_kcp + off * stride_kct, s_base, stride_kch, inv_k_scale,
+                                    NUM_K_HEADS, HALF, BLOCK_H, BLOCK_HALF, KV_QUANT)
         e = tl.arange(0, BLOCK_D)
         for h0 in range(0, NUM_K_HEADS, BLOCK_H):
             h = h0 + tl.arange(0, BLOCK_H)
-            mask = (h[:, None] < NUM_K_HEADS) & (e[None, :] < HEAD_DIM)
-            v = tl.load(V + t * stride_vt + h[:, None] * stride_vh + e[None, :], mask=mask)
-            tl.store(VC + page * stride_vcp + off * stride_vct + h[:, None] * stride_vch + e[None, :],
-                     v.to(VC.dtype.element_ty), mask=mask)
+            h_mask = h < NUM_K_HEADS
+            mask = h_mask[:, None] & (e[None, :] < HEAD_DIM)
+            v = tl.load(V + t * stride_vt + h[:, None] * stride_vh + e[None, :], mask=mask, other=0.0)
+            if KV_QUANT != 0:
+                v = v.to(tl.float32)
+            store_kv_rows(VC, VS, v, page * stride_vcp + off * stride_vct + h[:, None] * stride_vch + e[None, :],
+                          s_base + h, mask, h_mask, inv_v_scale, KV_QUANT)
 
 
-def _launch(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, to_cache: bool) -> None:
+def _launch(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, to_cache: bool,
+            mode: int = kv_quant.NONE, k_scale=None, v_scale=None) -> None:
     t, hq, d = q.shape
     hkv = k.shape[1]
     half = d // 2
     block_half = triton.next_power_of_2(half)
     block_h = max(1, min(triton.next_power_of_2(max(hq, hkv)), 2048 // block_half))
+    ks, vs, stride_sp, stride_st, kf, vf = scale_launch_args(mode, k_cache, k_scale, v_scale)
     _rotary_kernel[(t,)](
-        q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping,
+        q, k, v, cos, sin, positions, kv_quant.storage_view(k_cache), kv_quant.storage_view(v_cache), ks, vs,
+        slot_mapping, 1.0 / kf, 1.0 / vf,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        stride_sp, stride_st,
         NUM_Q_HEADS=hq, NUM_K_HEADS=hkv, HALF=half, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
-        PAGE_SIZE=k_cache.shape[1], BLOCK_H=block_h, BLOCK_HALF=block_half, TO_CACHE=to_cache, num_warps=4,
+        PAGE_SIZE=k_cache.shape[1], BLOCK_H=block_h, BLOCK_HALF=block_half, TO_CACHE=to_cache, KV_QUANT=mode,
+        num_warps=4,
     )
 
 
 def rotary_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor) -> torch.Tensor:
+                    slot_mapping: torch.Tensor, *, k_scale=None, v_scale=None) -> torch.Tensor:
     """rotary_embedding(q, k) and write_kv(k, v) in one launch; returns q (rotated in place).
 
     k, v [T, Hkv, D] are read only (k is NOT rotated in place: its rotated values go to the cache);
     k_cache, v_cache [P, page_size, Hkv, D]; slot_mapping int32/int64 [T], -1 = write nothing.
+    k_scale/v_scale: as write_kv's (int8 scale tensors, written; fp8 per-tensor floats).
     """
     _check(q, k, cos, sin, positions)
     checks.check_cache_pair(k_cache, v_cache)
+    mode, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "rotary_write_kv")
     t, _, d = q.shape
     hkv = k_cache.shape[2]
     if k.shape != (t, hkv, d) or v.shape != (t, hkv, d):
@@ -123,7 +171,7 @@ def rotary_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
         raise ValueError(f"rotary_write_kv: slot_mapping must be int32 [{t}], got {slot_mapping.dtype} "
                          f"{tuple(slot_mapping.shape)}")
     if t:
-        _launch(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, True)
+        _launch(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, True, mode, k_scale, v_scale)
     return q
 
 

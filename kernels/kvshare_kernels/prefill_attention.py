@@ -14,6 +14,10 @@ of the block need no causal mask; only the tiles on the diagonal do.
 The grid's first dimension covers max_query_len, which the caller knows on the host (the
 scheduler chose the chunk sizes); by default it is the total number of query tokens, an upper
 bound that costs only idle programs, never a synchronisation.
+
+8-bit pools are dequantized tile by tile as in the decode kernel (kv_tiles.load_kv_tile); the
+chunk's own new tokens are read back from the pool like the cached ones, so prefill sees exactly
+the K/V that later decode steps see.
 """
 
 from __future__ import annotations
@@ -22,17 +26,19 @@ import torch
 import triton
 import triton.language as tl
 
-from . import checks
+from . import checks, kv_quant
 from .checks import interpreter_bf16
+from .kv_tiles import load_kv_tile
+from .kv_write import scale_launch_args
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, pt_row, pos, start, end, scale_log2,
-                  stride_kp, stride_kt, stride_vp, stride_vt, d, d_mask,
+def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, start, end, scale_log2,
+                  stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask,
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                  CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_QUANT: tl.constexpr):
     for n in range(start, end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -45,11 +51,14 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, pt_row, pos, start, end, sca
             kv_mask = n_mask[:, None]
         else:
             kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_head + (page * stride_kp + in_page * stride_kt)[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_head + (page * stride_vp + in_page * stride_vt)[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:      # the interpreter's tl.dot multiplies bf16 as raw integers
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        s_rows = page * stride_sp + in_page * stride_st
+        k = load_kv_tile(k_head, ks_head, page * stride_kp + in_page * stride_kt, d, s_rows, 0, n_mask, kv_mask,
+                         KV_QUANT, True)
+        v = load_kv_tile(v_head, vs_head, page * stride_vp + in_page * stride_vt, d, s_rows, 0, n_mask, kv_mask,
+                         KV_QUANT, True)
+        if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         if CAUSAL:
             qk = tl.where((offs_n[None, :] <= pos[:, None]) & n_mask[None, :], qk, float("-inf"))
@@ -64,12 +73,12 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, pt_row, pos, start, end, sca
 
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, O, PT, QSL, CTX, scale_log2,
+    Q, K, V, KS, VS, O, PT, QSL, CTX, scale_log2, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ptb,
+    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_sp, stride_st, stride_ptb,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, KV_QUANT: tl.constexpr,
 ):
     mblk = tl.program_id(0)
     b = tl.program_id(1)
@@ -101,16 +110,18 @@ def _prefill_kernel(
     pt_row = PT + b * stride_ptb
     k_head = K + kvh * stride_kh
     v_head = V + kvh * stride_vh
+    ks_head = KS + kvh            # int8's scales of this KV head (unused otherwise)
+    vs_head = VS + kvh
     first_pos = prefix + mblk * BLOCK_MT                              # the block's smallest position
     last_key = tl.minimum(first_pos + BLOCK_MT, ctx)                  # one past the largest key seen
     full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N                 # tiles every row sees in full
-    acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, pt_row, pos, 0, full_end, scale_log2,
-                                  stride_kp, stride_kt, stride_vp, stride_vt, d, d_mask,
-                                  BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, False, PRECISION, UPCAST)
-    acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, pt_row, pos, full_end, last_key, scale_log2,
-                                  stride_kp, stride_kt, stride_vp, stride_vt, d, d_mask,
-                                  BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, True, PRECISION, UPCAST)
-    out = acc / l_i[:, None]
+    acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, 0, full_end, scale_log2,
+                                  stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask,
+                                  BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, False, PRECISION, UPCAST, KV_QUANT)
+    acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, full_end, last_key, scale_log2,
+                                  stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask,
+                                  BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, True, PRECISION, UPCAST, KV_QUANT)
+    out = acc * (v_scale / l_i)[:, None]
     o_rows = (q_start + tok).to(tl.int64)
     tl.store(O + o_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
@@ -126,15 +137,19 @@ NUM_STAGES = 2
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                             query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
                             out: torch.Tensor | None = None, *, max_query_len: int | None = None,
+                            k_scale=None, v_scale=None,
                             debug: bool | None = None, block_m: int | None = None, block_n: int | None = None,
                             num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
-    """q [T, Hq, D] (requests back to back); query_start_loc int32 [B+1]; context_lens int32 [B]."""
+    """q [T, Hq, D] (requests back to back); query_start_loc int32 [B+1]; context_lens int32 [B].
+
+    k_scale/v_scale: an int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
+    mode, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "paged_prefill_attention")
     if query_start_loc.shape != (nb + 1,) or query_start_loc.dtype != torch.int32:
         raise ValueError(f"query_start_loc must be int32 [B+1], got {query_start_loc.dtype} {tuple(query_start_loc.shape)}")
-    if q.dtype != k_cache.dtype:
+    if q.dtype != k_cache.dtype and mode == kv_quant.NONE:
         raise ValueError(f"paged_prefill_attention: q is {q.dtype}, the cache {k_cache.dtype}")
     num_pages, page_size, hkv, _ = k_cache.shape
     if checks.debug_enabled(debug):
@@ -154,14 +169,16 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     block_mt = block_m // block_g                     # query tokens per program
     max_query_len = t if max_query_len is None else max_query_len
     grid = (triton.cdiv(max_query_len, block_mt), nb, hkv)
+    ks, vs, stride_sp, stride_st, kf, vf = scale_launch_args(mode, k_cache, k_scale, v_scale)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, page_table, query_start_loc, context_lens, scale * LOG2E,
+        q, kv_quant.storage_view(k_cache), kv_quant.storage_view(v_cache), ks, vs, out, page_table, query_start_loc,
+        context_lens, scale * kf * LOG2E, vf,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n or BLOCK_N,
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=page_size,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreter_bf16(q.dtype),
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
     )
     return out

@@ -6,6 +6,9 @@ with one index_select, softmax runs in fp32, and the varlen prefill uses torch's
 scaled_dot_product_attention per request. They read lengths back to the host (``.tolist()``),
 which is free on the CPU and a synchronisation on the GPU: on CUDA use the Triton kernels.
 
+8-bit caches (fp8 e4m3, int8 with per-token scales; kvshare_kernels.kv_quant) are quantized on
+write and dequantized on read with the same float32 operations as the kernels.
+
 Tuning arguments of the Triton versions (``max_context``, ``num_splits``, ``max_query_len``) are
 accepted and ignored, so that a caller can switch implementations without changing its call.
 """
@@ -17,10 +20,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from . import checks
+from . import checks, kv_quant
 
-__all__ = ["write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_pages", "rms_norm",
-           "rotary_embedding"]
+__all__ = ["write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_pages", "copy_page_tensors",
+           "rms_norm", "rotary_embedding"]
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -28,32 +31,46 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, *, debug: bool | None = None) -> None:
-    """Scatter token t's K/V ([T, Hkv, D]) into slot slot_mapping[t]; slot -1 writes nothing."""
+             slot_mapping: torch.Tensor, *, k_scale=None, v_scale=None, debug: bool | None = None) -> None:
+    """Scatter token t's K/V ([T, Hkv, D]) into slot slot_mapping[t]; slot -1 writes nothing.
+
+    8-bit caches: k_scale/v_scale are int8's float32 [P, S, Hkv] tensors (written) or fp8's floats."""
     checks.check_cache_pair(k_cache, v_cache)
+    mode, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "write_kv")
     _, page_size, hkv, d = k_cache.shape
     if checks.debug_enabled(debug):
         checks.check_slot_values(slot_mapping, k_cache.shape[0] * page_size)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_cache.view(-1, hkv, d).index_copy_(0, slots, k[keep].to(k_cache.dtype))
-    v_cache.view(-1, hkv, d).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+    for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        stored, row_scales = kv_quant.quantize(x[keep], cache.dtype, scale if mode == kv_quant.FP8_MODE else None)
+        kv_quant.storage_view(cache).view(-1, hkv, d).index_copy_(0, slots, kv_quant.storage_view(stored))
+        if row_scales is not None:
+            scale.view(-1, hkv).index_copy_(0, slots, row_scales)
 
 
-def _gather_tokens(cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
-    """cache [P, S, H, D], pages int [..., n] -> [..., n * S, H, D] (the pages' tokens in order)."""
+def _gather_tokens(cache: torch.Tensor, pages: torch.Tensor, scale=None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """cache [P, S, H, D], pages int [..., n] -> [..., n * S, H, D] (the pages' tokens in order), in
+    ``dtype`` (default the cache's); 8-bit caches come back dequantized with ``scale``."""
     _, page_size, h, d = cache.shape
-    out = cache.index_select(0, pages.reshape(-1).long())
+    idx = pages.reshape(-1).long()
+    out = kv_quant.storage_view(cache).index_select(0, idx).view(cache.dtype)
+    if kv_quant.is_8bit(cache.dtype):
+        s = scale.index_select(0, idx) if isinstance(scale, torch.Tensor) else scale
+        out = kv_quant.dequantize(out, s, dtype or torch.float32)
+    elif dtype is not None:
+        out = out.to(dtype)
     return out.view(*pages.shape[:-1], pages.shape[-1] * page_size, h, d)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                            context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
                            max_context: int | None = None, num_splits: int | None = None,
-                           debug: bool | None = None) -> torch.Tensor:
+                           k_scale=None, v_scale=None, debug: bool | None = None) -> torch.Tensor:
     """One query token per request (q [B, Hq, D]) against its first context_lens[b] cached tokens."""
     b, hq, d = q.shape
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, b, "context_lens")
+    _, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "paged_decode_attention")
     num_pages, page_size, hkv, _ = k_cache.shape
     if checks.debug_enabled(debug):
         checks.check_page_table_values(page_table, context_lens, num_pages, page_size)
@@ -66,8 +83,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # Entries past a request's context may hold anything: clamp them into the pool, mask them below.
     pages = page_table[:, :n_pages].long().clamp(0, num_pages - 1)
     ct = _compute_dtype(q.dtype)
-    k = _gather_tokens(k_cache, pages).to(ct)                      # [B, L, Hkv, D]
-    v = _gather_tokens(v_cache, pages).to(ct)
+    k = _gather_tokens(k_cache, pages, k_scale, ct)                # [B, L, Hkv, D]
+    v = _gather_tokens(v_cache, pages, v_scale, ct)
     g = hq // hkv
     qg = q.to(ct).view(b, hkv, g, d)
     scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale       # [B, Hkv, G, L]
@@ -83,11 +100,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                             query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
                             out: torch.Tensor | None = None, *, max_query_len: int | None = None,
-                            debug: bool | None = None) -> torch.Tensor:
+                            k_scale=None, v_scale=None, debug: bool | None = None) -> torch.Tensor:
     """Varlen extend: request i's q_len_i new tokens (its last ones) attend causally to all its cached tokens."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
+    _, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "paged_prefill_attention")
     if query_start_loc.shape != (nb + 1,) or query_start_loc.dtype != torch.int32:
         raise ValueError(f"query_start_loc must be int32 [B+1], got {query_start_loc.dtype} {tuple(query_start_loc.shape)}")
     num_pages, page_size, hkv, _ = k_cache.shape
@@ -104,8 +122,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         if e == s:
             continue
         pages = page_table[i, : (n + page_size - 1) // page_size].long()
-        k = _gather_tokens(k_cache, pages)[:n].to(ct).transpose(0, 1)     # [Hkv, n, D]
-        v = _gather_tokens(v_cache, pages)[:n].to(ct).transpose(0, 1)
+        k = _gather_tokens(k_cache, pages, k_scale, ct)[:n].transpose(0, 1)     # [Hkv, n, D]
+        v = _gather_tokens(v_cache, pages, v_scale, ct)[:n].transpose(0, 1)
         qi = q[s:e].to(ct).transpose(0, 1)                                 # [Hq, q_len, D]
         q_len = e - s
         # Bottom-right causal: query j sits at absolute position n - q_len + j.
@@ -119,6 +137,37 @@ def _as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [x] if isinstance(x, torch.Tensor) else list(x)
 
 
+def check_page_tensor_lists(src: list[torch.Tensor], dst: list[torch.Tensor], what: str) -> None:
+    if len(src) != len(dst):
+        raise ValueError(f"{what}: {len(src)} source and {len(dst)} destination page tensors")
+    for i, (a, b) in enumerate(zip(src, dst)):
+        if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype:
+            raise ValueError(f"{what}: page tensor {i} differs: {a.dtype} {tuple(a.shape[1:])} vs "
+                             f"{b.dtype} {tuple(b.shape[1:])} per page")
+
+
+def copy_page_tensors(tensors: Sequence[torch.Tensor], src_pages: torch.Tensor, dst_pages: torch.Tensor, *,
+                      dst_tensors: Sequence[torch.Tensor] | None = None, debug: bool | None = None) -> None:
+    """Copy pages src_pages[i] -> dst_pages[i] of every tensor (page dimension first, any dtype and
+    page shape: K, V, int8's scales; KVCache.page_tensors()), into ``dst_tensors`` when given
+    (another pool, possibly on another device), else within each tensor (copy on write)."""
+    src_list = list(tensors)
+    dst_list = src_list if dst_tensors is None else list(dst_tensors)
+    check_page_tensor_lists(src_list, dst_list, "copy_pages")
+    if src_pages.shape != dst_pages.shape or src_pages.dim() != 1:
+        raise ValueError(f"copy_pages: src_pages {tuple(src_pages.shape)} and dst_pages {tuple(dst_pages.shape)} must be equal 1-D")
+    if not src_list:
+        return
+    if checks.debug_enabled(debug):
+        checks.check_page_list_values(src_pages, src_list[0].shape[0], "src_pages")
+        checks.check_page_list_values(dst_pages, dst_list[0].shape[0], "dst_pages")
+    for a, b in zip(src_list, dst_list):
+        a, b = kv_quant.storage_view(a), kv_quant.storage_view(b)     # torch has no fp8 index_copy on the CPU
+        src = src_pages.to(a.device).long()
+        dst = dst_pages.to(b.device).long()
+        b.index_copy_(0, dst, _moved(a.index_select(0, src), b))
+
+
 def copy_pages(k_cache: torch.Tensor | Sequence[torch.Tensor], v_cache: torch.Tensor | Sequence[torch.Tensor],
                src_pages: torch.Tensor, dst_pages: torch.Tensor, *,
                dst_k_cache: torch.Tensor | Sequence[torch.Tensor] | None = None,
@@ -127,23 +176,19 @@ def copy_pages(k_cache: torch.Tensor | Sequence[torch.Tensor], v_cache: torch.Te
     """Copy whole pages src_pages[i] -> dst_pages[i] (all layers when given lists of per-layer caches).
 
     Without ``dst_*_cache`` the copy stays inside one pool (copy on write). With them the pages go
-    to another pool, possibly on another device (tier moves: GPU <-> pinned CPU).
+    to another pool, possibly on another device (tier moves: GPU <-> pinned CPU). An int8 pool's
+    scales are page tensors too: copy_page_tensors(KVCache.page_tensors(), ...) moves everything.
     """
     ks, vs = _as_list(k_cache), _as_list(v_cache)
     dks = ks if dst_k_cache is None else _as_list(dst_k_cache)
     dvs = vs if dst_v_cache is None else _as_list(dst_v_cache)
     if not (len(ks) == len(vs) == len(dks) == len(dvs)):
         raise ValueError("copy_pages: source and destination caches need the same number of layers")
-    if src_pages.shape != dst_pages.shape or src_pages.dim() != 1:
-        raise ValueError(f"copy_pages: src_pages {tuple(src_pages.shape)} and dst_pages {tuple(dst_pages.shape)} must be equal 1-D")
-    if checks.debug_enabled(debug):
-        checks.check_page_list_values(src_pages, ks[0].shape[0], "src_pages")
-        checks.check_page_list_values(dst_pages, dks[0].shape[0], "dst_pages")
     for k, v, dk, dv in zip(ks, vs, dks, dvs):
-        src = src_pages.to(k.device).long()
-        dst = dst_pages.to(dk.device).long()
-        dk.index_copy_(0, dst, _moved(k.index_select(0, src), dk))
-        dv.index_copy_(0, dst, _moved(v.index_select(0, src), dv))
+        checks.check_cache_pair(k, v)
+        checks.check_cache_pair(dk, dv)
+    copy_page_tensors([*ks, *vs], src_pages, dst_pages, dst_tensors=None if dst_k_cache is None else [*dks, *dvs],
+                      debug=debug)
 
 
 def _moved(pages: torch.Tensor, dst_cache: torch.Tensor) -> torch.Tensor:
@@ -194,7 +239,8 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torc
 
 def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                              context_lens: torch.Tensor, plan, scale: float, out: torch.Tensor | None = None, *,
-                             max_context: int | None = None, debug: bool | None = None) -> torch.Tensor:
+                             max_context: int | None = None, k_scale=None, v_scale=None,
+                             debug: bool | None = None) -> torch.Tensor:
     """The cascade kernels' result: exactly paged decode attention (the plan only changes what is read when)."""
     return paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out, max_context=max_context,
-                                  debug=debug)
+                                  k_scale=k_scale, v_scale=v_scale, debug=debug)

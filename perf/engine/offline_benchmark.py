@@ -114,7 +114,8 @@ def warm_up(engine: LLMEngine, trace: Trace, vocab: int) -> None:
 def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label: str) -> Row:
     concurrency = len(trace.requests) if args.open_loop else (trace.concurrency or 64)
     cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
-                       kv_cache_memory_gb=args.kv_gb, host_cache_memory_gb=args.host_cache_gb,
+                       kv_cache_memory_gb=args.kv_gb, kv_cache_dtype=args.kv_cache_dtype,
+                       host_cache_memory_gb=args.host_cache_gb,
                        host_cache_min_hits=args.host_min_hits, max_running=args.max_running or max(trace.concurrency or 64, 1),
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
                        max_model_len=args.max_model_len,
@@ -122,6 +123,9 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
                        **({"admission": args.admission} if args.admission else {}),
                        **({"admission_delay_steps": args.admission_delay} if args.admission_delay is not None else {}))
     engine = LLMEngine(cfg, loaded=loaded)
+    kv = engine.kv
+    print(f"   {label}: KV pool of {kv.num_pages} pages x {kv.page_size} tokens ({kv.dtype}, "
+          f"{kv.nbytes / 1e9:.2f} GB, {kv.bytes_per_token} bytes per token)", flush=True)
     warm_up(engine, trace, loaded.config.vocab_size)
     freeze_startup_heap()   # as the server does: no full GC walks over the weights' objects per step
     # The warm-up's second pass hits the cache by design; the row's hit rate counts the timed requests only.
@@ -162,7 +166,7 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
     if steps is not None:
         print(f"   step profile of {label} ({secs:.2f} s):\n{format_summary(steps, secs)}", flush=True)
     pool = engine.stats().pool
-    page_bytes = engine.kv.page_size * loaded.config.kv_bytes_per_token * engine.kv.k[0].element_size() // 2
+    page_bytes = engine.kv.page_size * engine.kv.bytes_per_token
     del engine
     thaw()
     return Row(trace.name, label, len(trace.requests), out_tokens, secs, out_tokens / secs, _pct(ttft, 0.5),
@@ -294,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-tokens", type=int, default=None, help="override every request's output length")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--kv-gb", type=float, default=None, help="KV pool size; default 40 on CUDA, 1 on CPU")
+    ap.add_argument("--kv-cache-dtype", default="auto",
+                    help="KV page layout: auto (the model's dtype), fp8_e4m3, int8 (per-token scales); a comma "
+                         "list runs each workload once per layout, on one loaded model")
     ap.add_argument("--host-cache-gb", type=float, default=0.0,
                     help="host tier below the pool (EngineConfig.host_cache_memory_gb; 0 = none): evicted prefix "
                          "pages are kept there and loaded back instead of recomputed")
@@ -339,21 +346,31 @@ def main(argv: list[str] | None = None) -> int:
     hf = hf_model(loaded, args) if any({"generate", "generate_batch"} & set(b) for _, _, b in specs) else None
     rows: list[Row] = []
     # Non-default engine settings go into the row label, so result files say what ran.
+    kv_dtypes = [d for d in args.kv_cache_dtype.split(",") if d]
+    for d in kv_dtypes:
+        if d not in ("auto", "fp8_e4m3", "int8"):
+            ap.error(f"--kv-cache-dtype: '{d}' is not auto, fp8_e4m3 or int8")
     settings = [f"{args.admission}" if args.admission else "",
                 f"delay {args.admission_delay}" if args.admission_delay is not None else "", overlap_label(args.overlap),
                 "" if args.cascade else "no cascade", "" if args.eviction == "lru" else args.eviction,
                 f"host {args.host_cache_gb:g} GB" + ("" if args.host_min_hits == 1 else f" min hits {args.host_min_hits}")
                 if args.host_cache_gb else "",
                 f"T={args.temperature:g}" if args.temperature else "", f"top-k {args.top_k}" if args.top_k else ""]
-    variant = f" ({', '.join(x for x in settings if x)})" if any(settings) else ""
+
+    def variant(kv_dtype: str) -> str:
+        parts = [x for x in ["" if kv_dtype == "auto" else f"kv {kv_dtype}", *settings] if x]
+        return f" ({', '.join(parts)})" if parts else ""
+
     for name, max_requests, baselines in specs:
         trace = limit(make_trace(name), max_requests, args.output_tokens, loaded.config.vocab_size)
         print(f"== {trace.name}: {len(trace.requests)} requests, concurrency {trace.concurrency}", flush=True)
-        rows.append(run_repeated(partial(run_kvshare, loaded, trace, args, sharing=True, label="kvshare" + variant),
-                                 args.repeat))
-        if "no-sharing" in baselines:
-            rows.append(run_repeated(partial(run_kvshare, loaded, trace, args, sharing=False,
-                                             label="kvshare-no-sharing" + variant), args.repeat))
+        for kv_dtype in kv_dtypes:
+            kv_args = argparse.Namespace(**{**vars(args), "kv_cache_dtype": kv_dtype})
+            rows.append(run_repeated(partial(run_kvshare, loaded, trace, kv_args, sharing=True,
+                                             label="kvshare" + variant(kv_dtype)), args.repeat))
+            if "no-sharing" in baselines:
+                rows.append(run_repeated(partial(run_kvshare, loaded, trace, kv_args, sharing=False,
+                                                 label="kvshare-no-sharing" + variant(kv_dtype)), args.repeat))
         if "generate" in baselines:
             rows.append(run_hf_generate(hf, trace, args))
         if "generate_batch" in baselines:

@@ -58,6 +58,8 @@ OFFLINE = (PY, "perf/engine/offline_benchmark.py", "--model", "dummy:llama-2-7b"
 # question, 256 out) sent at once; cache-aware admission orders the queue.
 SHARED = ("--open-loop", "--max-running", "256", "--admission", "cache_aware", "--step-profile")
 # The kernel tests in parallel when pytest-xdist is there (it compiles many small kernel variants).
+# The offline benchmark runs each workload once per KV layout, on one loaded model.
+KV_DTYPES = ("--kv-cache-dtype", "auto,fp8_e4m3,int8")
 KERNEL_TESTS = ("bash", "-c", 'n=""; ' + PY + ' -c "import xdist" 2>/dev/null && n="-n 4"; exec ' + PY
                 + ' -m pytest tests/kernels -q -p no:cacheprovider $n')
 
@@ -242,6 +244,22 @@ SUITES: tuple[Suite, ...] = (
                "--call 2 (vLLM's rows and the table; carries piece 2); the bundle: bash "
                "../shared/tools/vllm-h200/build_bundle.sh (perf/peer/README.md)",
           calls=PEER_CALLS),
+    Suite("kv-dtype",
+          "8-bit KV pages (kv_cache_dtype auto vs fp8_e4m3 vs int8), Llama-2-7B shape fp16: the kernel tests "
+          "(quantized layouts included), decode-kernel time and TB/s over the bytes each layout reads, greedy "
+          "agreement / logit error / perplexity vs 16-bit pages (random weights), pages at equal memory and "
+          "fixed-256 tok/s (40 GB pools), shared-prefix's first 256 requests in a 36 GB pool (too small for "
+          "16-bit: ~69 GB of KV at once)",
+          (Stage("tests", KERNEL_TESTS, 180),
+           Stage("decode", (PY, "perf/kernels/bench_decode_attention.py", "--kv-dtypes", "--json", "{out}/decode.json",
+                            "--md", "{out}/tables.md"), 120, ("decode.json", "tables.md"), needs=("tests",)),
+           Stage("accuracy", (PY, "-m", "perf.engine.kv_dtype_accuracy", "--model", "dummy:llama-2-7b", "--device",
+                              "cuda", "--dtype", "float16", "--json", "{out}/accuracy.json", "--md",
+                              "{out}/accuracy.md"), 150, ("accuracy.json", "accuracy.md"), needs=("tests",)),
+           offline("fixed-256", 150, "--workloads", "fixed-256:256:", "--baselines", "", *KV_DTYPES),
+           offline("shared-prefix", 240, "--workloads", "shared-prefix:256:", *SHARED, "--kv-gb", "36",
+                   "--admission-delay", "0", *KV_DTYPES)),
+          minutes=6, note="not run on a GPU yet: minutes estimated from the engine, kernels and cascade suites"),
 )
 
 BY_NAME = {s.name: s for s in SUITES}

@@ -1,12 +1,13 @@
 """Paged decode attention: achieved HBM bandwidth (K+V bytes read / median time), side by side with
 torch's scaled_dot_product_attention on contiguous K/V (the unpaged best case) and a device copy.
 
-    python perf/kernels/bench_decode_attention.py [--sweep] [--table] [--json F] [--md F]
+    python perf/kernels/bench_decode_attention.py [--sweep] [--table] [--kv-dtypes] [--json F] [--md F]
     python perf/kernels/bench_decode_attention.py --dry-run   # CPU: checks this script only
 
 Heads: Llama-3-8B (32 q / 8 kv) and Llama-2-7B (32 / 32), head_dim 128, bf16; batch 1/16/64/256 x
 context 512/2k/8k; page sizes 16 and 64; pages shuffled in the pool (a fragmented pool, as after
-hours of serving). The bar: the public Triton paged decode kernel shared by vLLM/SGLang measured
+hours of serving). --kv-dtypes times the same kernel on bf16, fp8 e4m3 and int8 pages (bytes actually
+read: 8-bit K/V plus int8's float32 scale per token and KV head). The bar: the public Triton paged decode kernel shared by vLLM/SGLang measured
 3.5 TB/s (32/8, 64 x 2k) and 2.9 (32/32) on the same H200 (docs/kernels.md).
 """
 
@@ -130,6 +131,49 @@ def table(md=None):
     return dict(copy_bw=copy_bw, rows=results)
 
 
+KV_DTYPE_SHAPES = [(32, 8, 64, 2048), (32, 8, 256, 2048), (32, 8, 16, 8192), (32, 32, 64, 2048), (32, 32, 256, 2048)]
+
+
+def kv_dtype_table(md=None):
+    """Decode attention at page 16 over bf16, fp8 e4m3 and int8 pages: time, bytes read, TB/s, speedup."""
+    from kvshare_kernels import kernels, kv_quant
+    rows, results = [], []
+    for hq, hkv, b, ctx in KV_DTYPE_SHAPES:
+        if bc.DRY_RUN:
+            b, ctx = min(b, 2), min(ctx, 64)
+        q, k, v, pt, lens = make_paged(b, hq, hkv, ctx, 16, bc.device())
+        out = torch.empty_like(q)
+        base = None
+        for name, dt in (("bf16", None), ("fp8_e4m3", kv_quant.FP8), ("int8", torch.int8)):
+            if dt is None:
+                kc, vc, scales = k, v, {}
+            else:
+                kc, ks = kv_quant.quantize(k, dt)
+                vc, vs = kv_quant.quantize(v, dt)
+                scales = dict(k_scale=ks, v_scale=vs) if dt == torch.int8 else dict(k_scale=1.0, v_scale=1.0)
+            nbytes = b * ctx * 2 * hkv * kv_quant.bytes_per_token_head(D, kc.dtype)
+            fn = lambda: kernels.paged_decode_attention(q, kc, vc, pt, lens, D ** -0.5, out, max_context=ctx,  # noqa: E731
+                                                        **scales)
+            try:
+                t = bc.bench_graph(fn)
+            except Exception as e:
+                print(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                t = float("nan")
+            base = t if base is None else base
+            row = [f"{hq}/{hkv}", b, ctx, name, f"{nbytes / 1e9:.3f}", f"{t * 1e6:.1f}", f"{nbytes / t / 1e12:.2f}",
+                   f"{base / t:.2f}"]
+            rows.append(row)
+            results.append(dict(hq=hq, hkv=hkv, batch=b, ctx=ctx, kv_dtype=name, bytes=nbytes, seconds=t))
+            print("  " + " | ".join(str(x) for x in row), flush=True)
+            del kc, vc, scales
+        del q, k, v, pt, lens, out
+        bc.free()
+    header = ["heads q/kv", "batch", "ctx", "pages", "bytes read GB", "us", "TB/s", "speedup vs bf16"]
+    bc.print_table("paged decode attention by KV dtype, page 16, head_dim 128, bf16 queries (graph-timed)", header,
+                   rows, md)
+    return results
+
+
 TILE_VARIANTS = [
     dict(block_n=64, num_warps=4, num_stages=3),
     dict(block_n=64, num_warps=4, num_stages=3, head_fastest=True),
@@ -195,6 +239,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", action="store_true", help="tile and split-K sweeps")
     ap.add_argument("--table", action="store_true", help="the main table (default when nothing is chosen)")
+    ap.add_argument("--kv-dtypes", action="store_true", help="bf16 vs fp8 e4m3 vs int8 pages")
     ap.add_argument("--json", help="write all timings here")
     ap.add_argument("--md", help="append the markdown tables here")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (interpreter): checks the script")
@@ -208,7 +253,9 @@ def main(argv=None):
     out = {}
     if a.sweep:
         out["sweep"] = sweep(a.md)
-    if a.table or not a.sweep:
+    if a.kv_dtypes:
+        out["kv_dtypes"] = kv_dtype_table(a.md)
+    if a.table or not (a.sweep or a.kv_dtypes):
         out["table"] = table(a.md)
     bc.dump_json(a.json, out)
 

@@ -32,7 +32,7 @@ DEVICE = "cpu" if INTERPRET else "cuda"
 
 # Kernels are decorated (compiled or interpreted) when their module is imported: if something
 # imported them before this file set the mode, decorate them again.
-for _name in ("kv_write", "decode_attention", "prefill_attention", "page_copy", "cascade_decode", "fused_silu", "kernels"):
+for _name in ("kv_tiles", "kv_write", "decode_attention", "prefill_attention", "page_copy", "cascade_decode", "fused_silu", "kernels"):
     _mod = sys.modules.get(f"kvshare_kernels.{_name}")
     if _mod is not None:
         importlib.reload(_mod)

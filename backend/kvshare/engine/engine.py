@@ -20,7 +20,7 @@ from ..core.types import StepPlan
 from ..core.types import PoolStats
 from ..runtime.cascade_planner import CascadePolicy
 from ..runtime.cuda_graph_runner import graph_batch_sizes, kernel_debug
-from ..runtime.kv_cache import KVCache, pages_for_memory
+from ..runtime.kv_cache import KVCache, kv_storage_dtype, pages_for_memory
 from ..runtime.llama import LlamaModel
 from ..runtime.model_runner import ChunkInput, LaunchedStep, ModelRunner, future_ref
 from ..runtime.sampler import Sampler, SamplingRow
@@ -78,19 +78,20 @@ class LLMEngine:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got '{config.dtype}'")
         self.config = config
         dtype = _DTYPES[config.dtype]
+        kv_dtype = kv_storage_dtype(config.kv_cache_dtype, dtype)     # an unknown name fails before the model loads
         self.device = torch.device(config.device)
         loaded = loaded or load_model(config.model, dtype=dtype, device=self.device, seed=config.seed)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.max_model_len = min(config.max_model_len or loaded.config.max_position, loaded.config.max_position)
         num_pages = config.num_pages or pages_for_memory(
-            loaded.config, page_size=config.page_size, dtype=dtype, budget_bytes=int(config.kv_cache_memory_gb * 2**30))
+            loaded.config, page_size=config.page_size, dtype=kv_dtype, budget_bytes=int(config.kv_cache_memory_gb * 2**30))
         host_pages = 0
         if config.host_cache_memory_gb > 0 and config.enable_prefix_caching:
-            host_pages = pages_for_memory(loaded.config, page_size=config.page_size, dtype=dtype,
+            host_pages = pages_for_memory(loaded.config, page_size=config.page_size, dtype=kv_dtype,
                                           budget_bytes=int(config.host_cache_memory_gb * 2**30))
         self.kv = KVCache.allocate(loaded.config, num_pages=num_pages, page_size=config.page_size,
-                                   dtype=dtype, device=self.device, host_pages=host_pages)
+                                   dtype=kv_dtype, device=self.device, host_pages=host_pages)
         self.scheduler = Scheduler(
             KVCacheManager(num_pages, config.page_size, enable_prefix_caching=config.enable_prefix_caching,
                            policy=config.eviction, host_tier=HostTier(host_pages) if host_pages else None,

@@ -12,6 +12,10 @@ class EngineConfig:
     page_size: int = 16
     num_pages: int | None = None          # None: from kv_cache_memory_gb
     kv_cache_memory_gb: float = 0.5
+    # auto (the model's dtype) | fp8_e4m3 (per-tensor scale 1.0) | int8 (a scale per token and KV
+    # head): 8-bit pages hold about twice the tokens in the same memory and decode reads half the
+    # bytes (docs/kv-quantization.md has the accuracy measured against 16-bit pages).
+    kv_cache_dtype: str = "auto"
     # Host tier below the GPU pool (pinned host memory on CUDA): cached prefix pages the pool evicts
     # are copied there and loaded back when a prompt needs them again, instead of being recomputed
     # (docs/tiers.md). 0 = off. Needs prefix caching.

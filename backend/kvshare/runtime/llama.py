@@ -57,8 +57,9 @@ class LlamaModel:
             q = q.view(-1, c.num_heads, c.head_dim)
             k = k.view(-1, c.num_kv_heads, c.head_dim)
             v = v.view(-1, c.num_kv_heads, c.head_dim)
-            q = self._rotary_write_kv(batch, q, k, v, kv.k[layer], kv.v[layer])
-            attn = self._attention(q, kv.k[layer], kv.v[layer], batch)
+            scales = kv.layer_scales(layer)      # {} for 16-bit pages
+            q = self._rotary_write_kv(batch, q, k, v, kv.k[layer], kv.v[layer], scales)
+            attn = self._attention(q, kv.k[layer], kv.v[layer], batch, scales)
             h = F.linear(attn.reshape(-1, self._q), lw.o_proj)
             x, residual = self._add_norm(h, residual, lw.post_norm)
             h = F.linear(self._silu_mul(F.linear(x, lw.gate_up)), lw.down)
@@ -92,21 +93,23 @@ class LlamaModel:
         return rms_norm(residual, weight, self.config.rms_norm_eps), residual
 
     def _rotary_write_kv(self, b: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """Rotates q and k at their positions and stores the new K/V in their slots; returns q."""
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, scales: dict) -> torch.Tensor:
+        """Rotates q and k at their positions and stores the new K/V in their slots (quantized for an
+        8-bit pool); returns q."""
         if self.fused:   # one kernel: q rotated in place, rotated k and v straight into the pool
             return self._fused_rotary_write_kv(q, k, v, self.rope.cos, self.rope.sin, b.positions,
-                                               k_cache, v_cache, b.slot_mapping)
+                                               k_cache, v_cache, b.slot_mapping, **scales)
         q, k = self.rope(b.positions, q, k)
-        self.ops.write_kv(k, v, k_cache, v_cache, b.slot_mapping)
+        self.ops.write_kv(k, v, k_cache, v_cache, b.slot_mapping, **scales)
         return q
 
-    def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, b: ForwardBatch) -> torch.Tensor:
+    def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, b: ForwardBatch,
+                   scales: dict) -> torch.Tensor:
         if b.cascade is not None:
             return self.ops.cascade_decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, b.cascade,
-                                                     self.scale, max_context=b.max_context)
+                                                     self.scale, max_context=b.max_context, **scales)
         if b.decode_only:
             return self.ops.paged_decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, self.scale,
-                                                   max_context=b.max_context)
+                                                   max_context=b.max_context, **scales)
         return self.ops.paged_prefill_attention(q, k_cache, v_cache, b.page_table, b.query_start_loc, b.context_lens,
-                                                self.scale, max_query_len=b.max_query_len)
+                                                self.scale, max_query_len=b.max_query_len, **scales)

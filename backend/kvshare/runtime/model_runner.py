@@ -64,8 +64,7 @@ class ModelRunner:
         self._slot = 0
         self.last_path = "none"       # graph | cascade-graph | cascade | eager (step profiles)
         self.cascade = cascade        # None: every decode reads each row's pages itself
-        k0 = kv.k[0]
-        self._kv_bytes_per_token = 2 * len(kv.k) * k0[0, 0].numel() * k0.element_size()
+        self._kv_bytes_per_token = kv.bytes_per_token     # 8-bit pages: about half (scales included)
         # Decode steps size the kernel's split-K from this bound (graphs must fix it at capture); eager
         # decodes on CUDA use it too, so graphs on and off run the same kernels.
         self.decode_context = max_model_len or model.config.max_position
@@ -80,21 +79,20 @@ class ModelRunner:
     def transfer_pages(self, spills: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]]) -> None:
         """The host tier's moves, before the step's copies and forward: spills (GPU page -> host slot)
         first, then loads (host slot -> GPU page), in stream order with the step."""
-        kv, copy = self.kv, self.model.ops.copy_pages
+        kv, copy = self.kv, self.model.ops.copy_page_tensors
+        # Pages as opaque tensors: K, V and whatever else a page carries (int8's scales).
         if spills:
             pages, slots = _columns(spills)
-            copy(list(kv.k), list(kv.v), to_device(pages, self.device), slots,
-                 dst_k_cache=list(kv.host_k), dst_v_cache=list(kv.host_v))
+            copy(kv.page_tensors(), to_device(pages, self.device), slots, dst_tensors=kv.host_page_tensors())
         if loads:
             slots, pages = _columns(loads)
-            copy(list(kv.host_k), list(kv.host_v), slots, to_device(pages, self.device),
-                 dst_k_cache=list(kv.k), dst_v_cache=list(kv.v))
+            copy(kv.host_page_tensors(), slots, to_device(pages, self.device), dst_tensors=kv.page_tensors())
 
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:
             return
         src, dst = to_device(_columns(copies), self.device)   # one upload for both lists
-        self.model.ops.copy_pages(list(self.kv.k), list(self.kv.v), src, dst)
+        self.model.ops.copy_page_tensors(self.kv.page_tensors(), src, dst)
 
     def execute(self, chunks: Sequence[ChunkInput]) -> tuple[list[int], list[TokenDetail | None], list]:
         """One sampled token per chunk that has ``sampling``, in chunk order; what each row asked

@@ -1,0 +1,78 @@
+"""Triton helpers that read and write K/V in the pool's layout (16-bit, fp8 e4m3 bits, int8 + scales).
+
+``KV_QUANT`` (constexpr) is kv_quant.mode_of(cache): 0 none, 1 fp8 e4m3 (uint8 storage, per-tensor
+scale applied by the caller: folded into the score scale for K, into the output for V), 2 int8
+with a float32 scale per (token, KV head) at S + page * stride_sp + slot * stride_st + head.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_kv_tile(C, S, rows, cols, s_rows, s_cols, n_mask, mask, KV_QUANT: tl.constexpr, ONE_HEAD: tl.constexpr):
+    """Tile [N, BLOCK_C] of a cache at C + rows[:, None] + cols[None, :]: as stored when KV_QUANT is 0,
+    else dequantized to float32 (fp8 without its per-tensor scale). int8 scales at S + s_rows[:, None]
+    + s_cols[None, :]; with ONE_HEAD every column is one head and s_cols is that head's offset."""
+    if KV_QUANT == 0:
+        x = tl.load(C + rows[:, None] + cols[None, :], mask=mask, other=0.0)
+    elif KV_QUANT == 1:
+        x = tl.load(C + rows[:, None] + cols[None, :], mask=mask, other=0)
+        x = x.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        x = tl.load(C + rows[:, None] + cols[None, :], mask=mask, other=0).to(tl.float32)
+        if ONE_HEAD:
+            s = tl.load(S + s_rows + s_cols, mask=n_mask, other=0.0)
+            x = x * s[:, None]
+        else:
+            s = tl.load(S + s_rows[:, None] + s_cols[None, :], mask=mask, other=0.0)
+            x = x * s
+    return x
+
+
+@triton.jit
+def fp8_bits(x, inv_scale):
+    """float32 x as the uint8 bits of saturate(x * inv_scale) in e4m3, rounded to nearest even
+    (kv_quant.quantize: torch's conversion).
+
+    Encoded with integer and float32 arithmetic instead of ``.to(tl.float8e4nv)``: Triton 3.9's
+    interpreter converts to fp8 wrongly when rounding carries into the exponent (7.9 -> 4.0) and
+    flushes values below 2^-6, so the CPU tests could not check the cast. Adding and subtracting
+    2^23 times the value's quantum rounds to a multiple of that quantum, ties to even, in any
+    IEEE float32 unit; the result is then re-read as exponent and 3 mantissa bits.
+    """
+    y = tl.minimum(tl.maximum(x * inv_scale, -448.0), 448.0)
+    a = tl.abs(y)
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)     # -6: subnormals share 2^-9
+    magic = ((e + 20 + 127) << 23).to(tl.float32, bitcast=True)                # 2^(e - 3 + 23)
+    r = (a + magic) - magic                                                      # a rounded to 2^(e-3)
+    rb = r.to(tl.int32, bitcast=True)
+    normal = (((rb >> 23) - 120) << 3) | ((rb >> 20) & 7)                       # exponent - 127 + 7
+    sub = (r * 512.0).to(tl.int32)                                               # multiples of 2^-9
+    code = tl.where(r >= 0.015625, normal, sub)
+    code = tl.where(y < 0, code | 0x80, code)
+    return code.to(tl.uint8)
+
+
+@triton.jit
+def int8_values(x, amax):
+    """float32 x [H, D] quantized with its rows' max magnitudes amax [H] (kv_quant.quantize)."""
+    y = x * (127.0 / tl.maximum(amax, 1e-30))[:, None]
+    return tl.minimum(tl.maximum(tl.where(y >= 0, y + 0.5, y - 0.5), -127.0), 127.0).to(tl.int8)
+
+
+@triton.jit
+def store_kv_rows(C, S, x, offs, s_offs, mask, row_mask, inv_scale, KV_QUANT: tl.constexpr):
+    """One token's heads x [BLOCK_H, BLOCK_D] (float32 unless KV_QUANT is 0) into C + offs, quantized
+    as kv_quant.quantize does: fp8 saturate(x * inv_scale); int8 per row (head) with its scale at
+    S + s_offs [BLOCK_H]."""
+    if KV_QUANT == 0:
+        tl.store(C + offs, x.to(C.dtype.element_ty), mask=mask)
+    elif KV_QUANT == 1:
+        tl.store(C + offs, fp8_bits(x, inv_scale), mask=mask)
+    else:
+        amax = tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1)
+        tl.store(C + offs, int8_values(x, amax), mask=mask)
+        tl.store(S + s_offs, amax / 127.0, mask=row_mask)
