@@ -3,8 +3,9 @@
 Callers (Triton's execute(), tests) submit requests with a sink that receives every RequestOutput
 (or a batch sink that receives each step's outputs as one list) and an optional ``is_cancelled``
 probe; a watcher thread polls the probes a few times a second, so a client that hangs up ends its
-request and frees its pages. Every submitted request gets exactly one final output, whatever
-happens: finish, stop, cancel, engine error or shutdown.
+request and frees its pages. The same thread ends a request whose timeout passed. Every submitted
+request gets exactly one final output, whatever happens: finish, stop, cancel, timeout, engine error
+(a step that raises, anywhere in the loop) or shutdown.
 
 The engine thread does nothing but steps and their bookkeeping: in the Triton stub every probe is
 an IPC round trip to the server process, and on the engine thread 64 of them every 50 ms took ~9%
@@ -21,6 +22,7 @@ from typing import Callable
 
 from ..sampling_params import SamplingParams
 from .engine import LLMEngine
+from .faults import FaultInjector
 from .outputs import RequestOutput
 
 log = logging.getLogger("kvshare.engine")
@@ -42,12 +44,17 @@ class Submission:
     # request that names the same batch sink, so its consumer wakes once per step, not per token.
     batch_sink: BatchSink | None = None
     fork_of: str | None = None          # an earlier submission with the same prompt: share its prefill
+    # From submission to the final output, queued or running; past it the request ends with an
+    # error and its pages return. None: no limit.
+    timeout_s: float | None = None
 
 
 class EngineLoop:
     def __init__(self, engine: LLMEngine, *, cancel_poll_s: float = 0.05, idle_tick_s: float = 0.5,
-                 on_tick: Callable[[LLMEngine], None] | None = None, max_in_flight: int | None = None):
+                 on_tick: Callable[[LLMEngine], None] | None = None, max_in_flight: int | None = None,
+                 faults: FaultInjector | None = None):
         self.engine = engine
+        self._faults = faults          # tests only (faults.py): slow steps
         # Admission control: past this many accepted-but-unfinished requests, try_submit refuses, so
         # overload turns into a clear error for the client instead of unbounded queue growth.
         self.max_in_flight = max_in_flight
@@ -56,6 +63,7 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._subs: dict[str, Submission] = {}
         self._probes: dict[str, Callable[[], bool]] = {}     # shared with the watcher thread
+        self._deadlines: dict[str, tuple[float, float]] = {}   # rid -> (monotonic deadline, timeout_s); watcher's
         self._probe_lock = threading.Lock()
         self._cancel_poll_s = cancel_poll_s
         self._idle_tick_s = idle_tick_s
@@ -80,8 +88,9 @@ class EngineLoop:
             if self.max_in_flight is not None and self._in_flight + len(subs) > self.max_in_flight:
                 return False
             self._in_flight += len(subs)
+        now = time.monotonic()
         for sub in subs:
-            self._inbox.put(("add", sub))
+            self._inbox.put(("add", (sub, None if sub.timeout_s is None else now + sub.timeout_s)))
         return True
 
     @property
@@ -110,18 +119,25 @@ class EngineLoop:
     def _run(self) -> None:
         last_tick = time.monotonic()
         while not self._stopping.is_set():
-            self._drain_inbox(block=not self.engine.has_work)
-            now = time.monotonic()
-            was_busy = self.engine.has_work
-            if was_busy:
-                self._step()
+            try:
+                self._drain_inbox(block=not self.engine.has_work)
+                now = time.monotonic()
+                was_busy = self.engine.has_work
+                if was_busy:
+                    self._step()
+            except Exception as exc:
+                # Whatever raised (a step, an add, a cancel), the thread lives on: a dead engine thread
+                # would leave every request in flight, and every later one, without a final response.
+                log.exception("engine loop failed; ending the %d requests in flight", len(self._subs))
+                self._fail_all(f"internal engine error: {exc}")
+                now, was_busy = time.monotonic(), True
             # Tick on schedule, and at once when the engine falls idle, so that gauges read right
             # after the last request ends already show the empty pool.
             went_idle = was_busy and not self.engine.has_work
             if self._on_tick is not None and (went_idle or now - last_tick >= self._idle_tick_s):
                 last_tick = now
                 self._safe(self._on_tick, self.engine)
-        self._deliver(self.engine.abort_all("cancelled", "the server is shutting down"))
+        self._fail_all("the server is shutting down", reason="cancelled")
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -137,11 +153,13 @@ class EngineLoop:
 
     def _handle(self, kind: str, payload) -> None:
         if kind == "add":
-            sub: Submission = payload
+            sub, deadline = payload
             self._subs[sub.request_id] = sub
-            if sub.is_cancelled is not None:
-                with self._probe_lock:
+            with self._probe_lock:
+                if sub.is_cancelled is not None:
                     self._probes[sub.request_id] = sub.is_cancelled
+                if deadline is not None:
+                    self._deadlines[sub.request_id] = (deadline, sub.timeout_s)
             try:
                 self.engine.add_request(sub.request_id, sub.prompt_ids, sub.params, cache_salt=sub.cache_salt,
                                         echo_prompt=sub.echo_prompt, fork_of=sub.fork_of)
@@ -152,6 +170,12 @@ class EngineLoop:
             ids = [payload] + [r for r in self.engine.request_ids() if r.startswith(payload + "/")]
             outs = [self.engine.abort(rid, "cancelled") for rid in ids]
             self._deliver([out for out in outs if out])
+        elif kind == "expire":
+            rid, timeout_s = payload
+            if rid in self._subs:
+                out = self.engine.abort(rid, "error", f"timeout: the request did not finish within its timeout of "
+                                                      f"{timeout_s * 1000:.0f} ms and was ended")
+                self._deliver([out] if out else [])
         elif kind == "call":
             fn, done = payload
             try:
@@ -160,10 +184,17 @@ class EngineLoop:
                 done.put((False, exc))
 
     def _watch_cancellations(self) -> None:
-        """Watcher thread: a probe that fires turns into a cancel in the engine's inbox."""
+        """Watcher thread: a probe that fires turns into a cancel in the engine's inbox, a deadline
+        that passes into an expiry."""
         while not self._stopping.wait(self._cancel_poll_s):
             with self._probe_lock:
                 rids = list(self._probes)
+                if self._deadlines:
+                    now = time.monotonic()
+                    expired = [(rid, t) for rid, (at, t) in self._deadlines.items() if at <= now]
+                    for rid, t in expired:
+                        del self._deadlines[rid]
+                        self._inbox.put(("expire", (rid, t)))
             for rid in rids:
                 # Each probe runs under the lock, and only while still registered: _deliver drops it
                 # under the same lock before the final output goes out, and in the Triton stub the
@@ -178,11 +209,29 @@ class EngineLoop:
                     self.cancel(rid)
 
     def _step(self) -> None:
+        if self._faults is not None:
+            self._faults.slow_step()
         try:
             outputs = self.engine.step()
         except Exception as exc:
-            log.exception("engine step failed; ending the %d requests in flight", len(self.engine.request_ids()))
-            outputs = self.engine.abort_all("error", f"internal engine error: {exc}")
+            log.exception("engine step failed; ending the %d requests in flight", len(self._subs))
+            self._fail_all(f"internal engine error: {exc}")
+            return
+        self._deliver(outputs)
+
+    def _fail_all(self, message: str, reason: str = "error") -> None:
+        """Ends every request in flight with `reason`. A step that raised may already have built the
+        final output of a request that finished earlier in the same step; that output is lost with
+        the step, and the engine no longer holds the request, so abort_all cannot end it: every
+        submission still open gets its final here instead."""
+        try:
+            outputs = self.engine.abort_all(reason, message)
+        except Exception:
+            log.exception("aborting the requests in flight failed; their pages may be lost")
+            outputs = []
+        ended = {out.request_id for out in outputs if out.finished}
+        outputs += [RequestOutput(rid, (), "", True, reason, len(sub.prompt_ids), 0, 0, message)
+                    for rid, sub in self._subs.items() if rid not in ended]
         self._deliver(outputs)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
@@ -192,6 +241,7 @@ class EngineLoop:
             if out.finished and self._subs.pop(out.request_id, None) is not None:
                 with self._probe_lock:
                     self._probes.pop(out.request_id, None)
+                    self._deadlines.pop(out.request_id, None)
                 with self._count_lock:
                     self._in_flight -= 1
             if sub is None:

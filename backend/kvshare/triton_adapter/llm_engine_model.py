@@ -18,6 +18,7 @@ import triton_python_backend_utils as pb_utils
 from ..engine.engine import LLMEngine
 from ..engine.engine_config import EngineConfig
 from ..engine.engine_loop import EngineLoop, Submission
+from ..engine.faults import FaultInjector
 from ..engine.gc_tuning import freeze_startup_heap
 from ..engine.outputs import InvalidRequest
 from .inputs import GenerationRequest, generation_requests
@@ -105,14 +106,18 @@ class LLMEngineModel:
                                     args.get("model_instance_device_id", "0"))
         if config.stream_interval < 1:
             raise pb_utils.TritonModelException(f"stream_interval must be >= 1, got {config.stream_interval}")
-        log.info("starting the kvshare engine: %s (overlap scheduling %s)", config,
-                 "on" if config.overlap_enabled else "off")
-        self.engine = LLMEngine(config)
+        log.info("starting the kvshare engine: %s (overlap scheduling %s; code in %s)", config,
+                 "on" if config.overlap_enabled else "off", os.path.dirname(os.path.dirname(__file__)))
+        faults = FaultInjector.from_environment(os.environ)
+        if faults is not None:
+            log.warning("FAULT INJECTION IS ON (tests only): %s", faults.spec)
+        self.engine = LLMEngine(config, faults=faults)
         self.metrics = EngineMetrics(pb_utils, args.get("model_name", "llm_engine"))
         self.publisher = MetricsPublisher(self.metrics)
-        self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval)
+        self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval,
+                                 on_abandoned=lambda rid: self.loop.cancel(rid), faults=faults)
         self.loop = EngineLoop(self.engine, on_tick=self._publish_metrics,
-                               max_in_flight=config.max_queued_requests)
+                               max_in_flight=config.max_queued_requests, faults=faults)
         self._ids = itertools.count()
         freeze_startup_heap()
         log.info("kvshare engine ready: %d KV pages of %d tokens", self.engine.kv.num_pages, self.engine.kv.page_size)
@@ -145,10 +150,10 @@ class LLMEngineModel:
                 continue
             key = get("request_key")
             base_id = _keyed_id(key) if key is not None else f"{request.request_id() or 'req'}#{next(self._ids)}"
-            self._submit(base_id, rows, sender)
+            self._submit(base_id, rows, sender, _timeout_s(request))
         return None
 
-    def _submit(self, base_id: str, rows: list[GenerationRequest], sender) -> None:
+    def _submit(self, base_id: str, rows: list[GenerationRequest], sender, timeout_s: float | None) -> None:
         """One engine request per row and sequence: num_return_sequences n > 1 forks n - 1 of them
         from the first (one prefill); a beam search is one engine request. All or none go in."""
         members = []
@@ -163,7 +168,7 @@ class LLMEngineModel:
         # The prompt is echoed only in a whole (non-streamed) answer, as TensorRT-LLM does.
         subs = [Submission(rid, row.prompt_ids, _engine_params(row), row.cache_salt,
                            not row.exclude_input_in_output and not row.stream, None,
-                           sender.is_cancelled, batch_sink=self.pump.put_many, fork_of=parent)
+                           sender.is_cancelled, batch_sink=self.pump.put_many, fork_of=parent, timeout_s=timeout_s)
                 for rid, row, _, parent in members]
         for rid, row, s, _ in members:
             self.pump.register(rid, ClientStream(sender, row, sequence_index=s, reply=reply))
@@ -185,6 +190,14 @@ def _engine_params(row: GenerationRequest):
     """Perf metrics go out on every response (TRT-LLM's clients read them on each): the engine then
     attaches the request's timing to every output, not only the last."""
     return dataclasses.replace(row.params, return_timing=True) if row.return_perf_metrics else row.params
+
+
+def _timeout_s(request) -> float | None:
+    """The request's Triton timeout (the client's `timeout`, in µs; 0 = none), as seconds. Triton 2.51
+    enforces it only in a dynamic batcher's queue, which a decoupled engine model has not: the
+    engine enforces it, over the request's whole life (queued and running)."""
+    micros = request.timeout()
+    return micros / 1e6 if micros else None
 
 
 def _keyed_id(key) -> str:
