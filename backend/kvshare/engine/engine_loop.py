@@ -3,7 +3,10 @@
 Callers (Triton's execute(), tests) submit requests with a sink that receives every RequestOutput
 (or a batch sink that receives each step's outputs as one list) and an optional ``is_cancelled``
 probe; a watcher thread polls the probes a few times a second, so a client that hangs up ends its
-request and frees its pages. The same thread ends a request whose timeout passed. Every submitted
+request and frees its pages. The same thread ends a request whose timeout passed, and asks the
+optional ``serving`` probe a couple of times a second whether the server still serves this model:
+once it says no (Triton is shutting down or unloading the model), every request in flight ends at
+once (Triton waits for them before it finalizes the model; docs/robustness.md). Every submitted
 request gets exactly one final output, whatever happens: finish, stop, cancel, timeout, engine error
 (a step that raises, anywhere in the loop) or shutdown.
 
@@ -52,9 +55,13 @@ class Submission:
 class EngineLoop:
     def __init__(self, engine: LLMEngine, *, cancel_poll_s: float = 0.05, idle_tick_s: float = 0.5,
                  on_tick: Callable[[LLMEngine], None] | None = None, max_in_flight: int | None = None,
-                 faults: FaultInjector | None = None):
+                 faults: FaultInjector | None = None, serving: Callable[[], bool] | None = None,
+                 serving_poll_s: float = 0.5):
         self.engine = engine
         self._faults = faults          # tests only (faults.py): slow steps
+        self._serving = serving
+        self._serving_poll_s = serving_poll_s
+        self.draining = False           # set once the server stopped serving this model: submissions are refused
         # Admission control: past this many accepted-but-unfinished requests, try_submit refuses, so
         # overload turns into a clear error for the client instead of unbounded queue growth.
         self.max_in_flight = max_in_flight
@@ -85,12 +92,13 @@ class EngineLoop:
     def try_submit_all(self, subs: list[Submission]) -> bool:
         """Queues all of them, in order, or none (a batched or n-sequence request is one decision)."""
         with self._count_lock:
-            if self.max_in_flight is not None and self._in_flight + len(subs) > self.max_in_flight:
+            if self.draining or (self.max_in_flight is not None and self._in_flight + len(subs) > self.max_in_flight):
                 return False
             self._in_flight += len(subs)
-        now = time.monotonic()
-        for sub in subs:
-            self._inbox.put(("add", (sub, None if sub.timeout_s is None else now + sub.timeout_s)))
+            now = time.monotonic()
+            # queued under the lock: a drain decided after this check is queued after these adds
+            for sub in subs:
+                self._inbox.put(("add", (sub, None if sub.timeout_s is None else now + sub.timeout_s)))
         return True
 
     @property
@@ -176,6 +184,10 @@ class EngineLoop:
                 out = self.engine.abort(rid, "error", f"timeout: the request did not finish within its timeout of "
                                                       f"{timeout_s * 1000:.0f} ms and was ended")
                 self._deliver([out] if out else [])
+        elif kind == "drain":
+            log.warning("the server no longer serves this model (shutdown or unload): ending the %d requests "
+                        "in flight", len(self._subs))
+            self._fail_all("the server is shutting down", reason="cancelled")
         elif kind == "call":
             fn, done = payload
             try:
@@ -185,8 +197,20 @@ class EngineLoop:
 
     def _watch_cancellations(self) -> None:
         """Watcher thread: a probe that fires turns into a cancel in the engine's inbox, a deadline
-        that passes into an expiry."""
+        that passes into an expiry, the serving probe turning false into a drain."""
+        serving_seen, not_serving, next_serving_poll = False, 0, 0.0
         while not self._stopping.wait(self._cancel_poll_s):
+            if self._serving is not None and not self.draining and time.monotonic() >= next_serving_poll:
+                next_serving_poll = time.monotonic() + self._serving_poll_s
+                serving = self._safe(self._serving)
+                # Armed by a first "yes" (not during start-up); two "no"s in a row, so that one odd
+                # answer never ends every request.
+                serving_seen = serving_seen or serving is True
+                not_serving = not_serving + 1 if serving_seen and serving is False else 0
+                if not_serving >= 2:
+                    with self._count_lock:
+                        self.draining = True
+                    self._inbox.put(("drain", None))
             with self._probe_lock:
                 rids = list(self._probes)
                 if self._deadlines:

@@ -116,11 +116,32 @@ class LLMEngineModel:
         self.publisher = MetricsPublisher(self.metrics)
         self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval,
                                  on_abandoned=lambda rid: self.loop.cancel(rid), faults=faults)
+        model_name = args.get("model_name", "llm_engine")
+        # Triton finalizes a model only once every response factory is released, i.e. after every
+        # request in flight has ended: on a shutdown the engine must end them itself, and this is
+        # how it learns of one (the model turns unready; nothing else reaches the stub). Not asked
+        # before the first execute(): a stub-to-server call during initialize() aborted tritonserver
+        # (boost::interprocess::lock_exception).
+        self._executing = False
         self.loop = EngineLoop(self.engine, on_tick=self._publish_metrics,
-                               max_in_flight=config.max_queued_requests, faults=faults)
+                               max_in_flight=config.max_queued_requests, faults=faults,
+                               serving=lambda: self._serving(model_name))
         self._ids = itertools.count()
         freeze_startup_heap()
         log.info("kvshare engine ready: %d KV pages of %d tokens", self.engine.kv.num_pages, self.engine.kv.page_size)
+
+    def _serving(self, model_name: str) -> bool | None:
+        """Does the server still serve this model? None: cannot tell (yet)."""
+        if not self._executing:
+            return None
+        try:
+            return bool(pb_utils.is_model_ready(model_name))
+        except pb_utils.TritonModelException as exc:
+            # Once shutdown has begun, 2.51 answers with an error: "... message: Server not ready".
+            if "not ready" in str(exc):
+                return False
+            log.debug("model readiness unknown", exc_info=True)
+            return None
 
     def _publish_metrics(self, engine: LLMEngine) -> None:
         """on_tick, on the engine thread."""
@@ -128,6 +149,7 @@ class LLMEngineModel:
         self.publisher.offer(engine.stats(), ttft, itl)
 
     def execute(self, requests):
+        self._executing = True
         for request in requests:
             sender = request.get_response_sender()
             # One pass over the inputs: get_input_tensor_by_name rebuilds the whole input list on each
@@ -175,8 +197,9 @@ class LLMEngineModel:
         if not self.loop.try_submit_all(subs):
             for rid, *_ in members:
                 self.pump.forget(rid)
-            sender.send(overloaded_response(pb_utils, self.loop.in_flight, self.loop.max_in_flight),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            refusal = (error_response(pb_utils, "llm_engine is shutting down", "UNAVAILABLE") if self.loop.draining
+                       else overloaded_response(pb_utils, self.loop.in_flight, self.loop.max_in_flight))
+            sender.send(refusal, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self):
         log.info("kvshare engine shutting down: %d responses sent for %d tokens", self.pump.responses_sent,
@@ -184,6 +207,7 @@ class LLMEngineModel:
         self.loop.shutdown()
         self.pump.close()
         self.publisher.close()
+        log.info("kvshare engine stopped")
 
 
 def _engine_params(row: GenerationRequest):
