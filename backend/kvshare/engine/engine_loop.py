@@ -198,15 +198,14 @@ class EngineLoop:
     def _watch_cancellations(self) -> None:
         """Watcher thread: a probe that fires turns into a cancel in the engine's inbox, a deadline
         that passes into an expiry, the serving probe turning false into a drain."""
-        serving_seen, not_serving, next_serving_poll = False, 0, 0.0
+        not_serving, next_serving_poll = 0, 0.0
         while not self._stopping.wait(self._cancel_poll_s):
             if self._serving is not None and not self.draining and time.monotonic() >= next_serving_poll:
                 next_serving_poll = time.monotonic() + self._serving_poll_s
+                # None: cannot tell (e.g. before the first request); two "no"s in a row, so that one
+                # odd answer never ends every request.
                 serving = self._safe(self._serving)
-                # Armed by a first "yes" (not during start-up); two "no"s in a row, so that one odd
-                # answer never ends every request.
-                serving_seen = serving_seen or serving is True
-                not_serving = not_serving + 1 if serving_seen and serving is False else 0
+                not_serving = not_serving + 1 if serving is False else 0
                 if not_serving >= 2:
                     with self._count_lock:
                         self.draining = True

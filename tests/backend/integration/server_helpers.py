@@ -58,29 +58,12 @@ class OwnServer:
     def stub_pids(self, model: str | None = None) -> list[int]:
         """The Python-backend stub processes of this server (children of its tritonserver), only
         those of `model` when given: never another server's."""
-        return stub_pids(self.proc.pid, model)
+        from kvshare import launch
+
+        return launch.stub_pids(self.proc.pid, model)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
-
-
-def stub_pids(server_pid: int, model: str | None = None) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ppid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), None)
-        if ppid != server_pid or not cmdline or not cmdline[0].endswith(b"triton_python_backend_stub"):
-            continue
-        # the stub's arguments end with "<model>_<instance>_<device> <kind>" (e.g. llm_engine_0_0 DEFAULT)
-        if model is None or any(arg.decode(errors="replace").startswith(f"{model}_") for arg in cmdline[-3:]):
-            found.append(int(entry.name))
-    return found
 
 
 def checkout_model_repository(dest: Path) -> Path:
