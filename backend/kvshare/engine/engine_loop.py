@@ -108,6 +108,14 @@ class EngineLoop:
     def cancel(self, request_id: str) -> None:
         self._inbox.put(("cancel", request_id))
 
+    def abandon(self, request_id: str) -> None:
+        """The request's client can no longer be answered and its caller ends the Triton request
+        itself: its cancellation probe stops now, on the calling thread, before that final goes out
+        (in the stub a probe after the final reads freed memory), and the engine ends it."""
+        with self._probe_lock:
+            self._probes.pop(request_id, None)
+        self.cancel(request_id)
+
     def call(self, fn: Callable[[LLMEngine], object], timeout: float = 30.0) -> object:
         """Runs fn(engine) on the engine thread (e.g. a consistent stats snapshot)."""
         done: queue.SimpleQueue = queue.SimpleQueue()

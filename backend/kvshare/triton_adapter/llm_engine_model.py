@@ -115,7 +115,7 @@ class LLMEngineModel:
         self.metrics = EngineMetrics(pb_utils, args.get("model_name", "llm_engine"))
         self.publisher = MetricsPublisher(self.metrics)
         self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval,
-                                 on_abandoned=lambda rid: self.loop.cancel(rid), faults=faults)
+                                 on_abandoned=lambda rid: self.loop.abandon(rid), faults=faults)
         model_name = args.get("model_name", "llm_engine")
         # Triton finalizes a model only once every response factory is released, i.e. after every
         # request in flight has ended: on a shutdown the engine must end them itself, and this is

@@ -202,7 +202,8 @@ class ResponsePump:
     def __init__(self, pb, stream_interval: int = 1, *, on_abandoned: Callable[[str], None] | None = None,
                  faults: FaultInjector | None = None):
         """on_abandoned(request_id): called when a request's client can no longer be answered (its
-        response failed), so that the engine ends it; faults: tests only (engine/faults.py)."""
+        response failed), before the pump sends that client its error final: the engine must stop
+        probing the request at once and end it (EngineLoop.abandon); faults: tests only."""
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self._pb = pb
@@ -290,11 +291,11 @@ class ResponsePump:
 
     def _send(self, stream: ClientStream, out: RequestOutput) -> None:
         try:
-            if self._faults is not None:
-                self._faults.check("pump")
             if out.finish_reason == "error":
                 response = error_response(self._pb, out.error or "generation failed", "INTERNAL")
             else:
+                if self._faults is not None:      # not on an error final: that one must reach the client
+                    self._faults.check("pump")
                 response = self._builder.response(out, stream.request, stream.sequence_index,
                                                   stream.cum_logprob + sum(out.logprobs))
         except Exception as exc:
@@ -317,7 +318,9 @@ class ResponsePump:
 
     def _fail(self, request_id: str, stream: ClientStream, finished: bool, message: str) -> None:
         """Ends a Triton request whose response failed: one error final for the whole request (every
-        engine request of a batched or n > 1 reply), and the engine asked to end those still running."""
+        engine request of a batched or n > 1 reply), the engine asked to end those still running.
+        The abandon comes first: it stops the request's cancellation probe, which must never run
+        once a final has gone out (in the stub the final frees what is_cancelled() reads)."""
         with self._lock:
             members = [request_id] if stream.reply is None else \
                 [rid for rid, s in self._streams.items() if s.reply is stream.reply] + [request_id]
@@ -325,11 +328,6 @@ class ResponsePump:
                 self._streams.pop(rid, None)
         if stream.reply is not None:
             stream.reply.closed = True
-        try:
-            stream.sender.send(error_response(self._pb, message, "INTERNAL"),
-                               flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception:
-            log.debug("could not send the error final of request %s", request_id, exc_info=True)
         if self._on_abandoned is not None:
             for rid in dict.fromkeys(members):
                 if rid != request_id or not finished:
@@ -337,3 +335,8 @@ class ResponsePump:
                         self._on_abandoned(rid)
                     except Exception:
                         log.exception("abandoning request %s failed", rid)
+        try:
+            stream.sender.send(error_response(self._pb, message, "INTERNAL"),
+                               flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:
+            log.debug("could not send the error final of request %s", request_id, exc_info=True)

@@ -278,3 +278,30 @@ def test_no_drain_while_the_server_cannot_tell():
         assert o.finish_reason == "length" and not loop.draining
     finally:
         loop.shutdown()
+
+
+def test_an_abandoned_request_is_never_probed_again_and_ends():
+    """The pump sends an abandoned request's final itself: no probe may run after abandon() returns."""
+    probed_after = []
+    abandoned = False
+
+    def probe():
+        if abandoned:
+            probed_after.append(1)
+        return False
+
+    engine = FakeEngine(step_s=0.002)
+    got: queue.SimpleQueue = queue.SimpleQueue()
+    loop = EngineLoop(engine, cancel_poll_s=0.001)
+    try:
+        loop.submit(Submission("a", [1], SamplingParams(max_tokens=100_000, ignore_eos=True), "", False, got.put, probe))
+        got.get(timeout=10)
+        loop.abandon("a")
+        abandoned = True
+        while not (o := got.get(timeout=10)).finished:
+            pass
+        assert o.finish_reason == "cancelled" and loop.in_flight == 0
+        loop.call(lambda e: None)
+    finally:
+        loop.shutdown()
+    assert probed_after == []
