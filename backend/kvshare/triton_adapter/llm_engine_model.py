@@ -116,7 +116,7 @@ class LLMEngineModel:
         self.publisher = MetricsPublisher(self.metrics)
         self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval,
                                  on_abandoned=lambda rid: self.loop.abandon(rid), faults=faults)
-        model_name = args.get("model_name", "llm_engine")
+        self.model_name = model_name = args.get("model_name", "llm_engine")
         # Triton finalizes a model only once every response factory is released, i.e. after every
         # request in flight has ended: on a shutdown the engine must end them itself, and this is
         # how it learns of one (the model turns unready; nothing else reaches the stub). Not asked
@@ -130,9 +130,9 @@ class LLMEngineModel:
         freeze_startup_heap()
         log.info("kvshare engine ready: %d KV pages of %d tokens", self.engine.kv.num_pages, self.engine.kv.page_size)
 
-    def _serving(self, model_name: str) -> bool | None:
+    def _serving(self, model_name: str, first: bool = False) -> bool | None:
         """Does the server still serve this model? None: cannot tell (yet)."""
-        if not self._executing:
+        if not self._executing and not first:
             return None
         try:
             return bool(pb_utils.is_model_ready(model_name))
@@ -140,7 +140,7 @@ class LLMEngineModel:
             # Once shutdown has begun, 2.51 answers with an error: "... message: Server not ready".
             if "not ready" in str(exc):
                 return False
-            log.debug("model readiness unknown", exc_info=True)
+            log.debug("model readiness unknown: %s", exc)
             return None
 
     def _publish_metrics(self, engine: LLMEngine) -> None:
@@ -149,7 +149,12 @@ class LLMEngineModel:
         self.publisher.offer(engine.stats(), ttft, itl)
 
     def execute(self, requests):
-        self._executing = True
+        if not self._executing:
+            # The first readiness call goes out here, on the stub's main thread, while the server
+            # serves: when the first one was made only after SIGTERM (from the watcher thread), it
+            # never returned in 1 of 2 runs, and the drain never came.
+            self._serving(self.model_name, first=True)
+            self._executing = True
         for request in requests:
             sender = request.get_response_sender()
             # One pass over the inputs: get_input_tensor_by_name rebuilds the whole input list on each
