@@ -152,7 +152,7 @@ class LLMEngineModel:
         if not self._executing:
             # The first readiness call goes out here, on the stub's main thread, while the server
             # serves: when the first one was made only after SIGTERM (from the watcher thread), it
-            # never returned in 1 of 2 runs, and the drain never came.
+            # never returned in 2 of 4 runs, and the drain never came (docs/robustness.md).
             self._serving(self.model_name, first=True)
             self._executing = True
         for request in requests:
