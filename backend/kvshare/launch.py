@@ -107,6 +107,49 @@ def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
         proc.wait()
 
 
+STUB_DIED = 70      # main()'s exit code when a Python-backend stub died under a running server
+
+
+def stub_pids(server_pid: int, model: str | None = None) -> list[int]:
+    """The Python-backend stub processes of one tritonserver (its children; Linux /proc), only
+    those of `model` when given (a stub's last arguments are "<model>_<instance>_<device> <kind>")."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), None)
+        if ppid != server_pid or not args[0].endswith(b"triton_python_backend_stub"):
+            continue
+        if model is None or any(a.decode(errors="replace").startswith(f"{model}_") for a in args[-3:]):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def wait_for_stub_death(proc: subprocess.Popen, stubs: list[int], poll_s: float = 1.0) -> int | None:
+    """Blocks until one of `stubs` is gone while the server still runs (returns its pid), or until
+    the server exits (None). Triton 2.51 neither restarts a dead stub of a decoupled model nor marks
+    the model unready: every later request fails with "Stub process ... is not healthy" while
+    /v2/health/ready says 200 (docs/robustness.md). Only a restart brings the model back."""
+    while proc.poll() is None:
+        gone = [pid for pid in stubs if not Path(f"/proc/{pid}").exists() or _is_zombie(pid)]
+        if gone:
+            return gone[0]
+        time.sleep(poll_s)
+    return None
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-repository", type=Path, default=Path("model_repository"))
@@ -130,7 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         wait_ready(proc, addr)
         log.info("READY: gRPC %s  HTTP %s  metrics %s", addr.grpc_url, addr.http_url, addr.metrics_url)
         log.info("try: .venv/bin/kvshare-client generate --chat 'What is the capital of France?'")
-        return proc.wait()
+        dead = wait_for_stub_death(proc, stub_pids(proc.pid))
+        if dead is None:
+            return proc.returncode
+        log.error("a Python-backend stub (pid %d) died; Triton does not restart it and still reports the model "
+                  "ready: stopping the server so that it can be restarted", dead)
+        return STUB_DIED
     except KeyboardInterrupt:
         return 0
     finally:

@@ -29,6 +29,7 @@ from ..sampling_params import SamplingParams
 from .beam_search import BeamSearch
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
+from .faults import FaultInjector
 from .outputs import Beam, InvalidRequest, RequestOutput, RequestTiming, StepShape
 from .request_state import RequestState
 
@@ -73,7 +74,8 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, *,
+                 faults: FaultInjector | None = None):
         if config.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got '{config.dtype}'")
         self.config = config
@@ -104,7 +106,9 @@ class LLMEngine:
         graph_sizes = graph_batch_sizes(config.max_running) if config.cuda_graphs and not kernel_debug() else ()
         # The cascade path only pays on the GPU (fewer KV bytes read); the CPU keeps one code path.
         cascade = CascadePolicy() if config.cascade_attention and self.device.type == "cuda" else None
-        self.runner = ModelRunner(model, self.kv, Sampler(loaded.config.eos_token_ids, seed=config.seed), self.device,
+        self._faults = faults          # tests only (engine/faults.py): None in service
+        sampler = Sampler(loaded.config.eos_token_ids, seed=config.seed)
+        self.runner = ModelRunner(model, self.kv, faults.wrap("sample", sampler) if faults else sampler, self.device,
                                   max_model_len=self.max_model_len, graph_batch_sizes=graph_sizes, cascade=cascade,
                                   max_rows=config.max_running, overlap=config.overlap_enabled)
         self._pending: _PendingStep | None = None    # overlap scheduling: the launched, unresolved step
@@ -351,6 +355,8 @@ class LLMEngine:
             all_logits = state.params.return_context_logits and chunk.start < len(state.prompt_ids)
             inputs.append(ChunkInput(ids, chunk.start, self.scheduler.page_table(chunk.seq_id), sampling, all_logits))
         sampling_ids = [c.seq_id for c in plan.chunks if c.samples]
+        if self._faults is not None:
+            self._faults.check("forward")
         if overlap:
             launched = self.runner.launch_greedy(inputs)
             self.scheduler.advance()
@@ -427,6 +433,8 @@ class LLMEngine:
         text = ""
         ends = token in state.end_ids and not p.ignore_eos and past_min
         if state.detokenizer is not None and not ends:   # the end token is not part of the text (TRT-LLM's end_id)
+            if self._faults is not None:
+                self._faults.check("detokenize")
             text = state.detokenizer.add(token, check_stop=past_min)
         if len(state.output_ids) == 1 and state.echo_prompt:
             text = state.echo_prompt + text

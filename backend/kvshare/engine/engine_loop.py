@@ -3,8 +3,12 @@
 Callers (Triton's execute(), tests) submit requests with a sink that receives every RequestOutput
 (or a batch sink that receives each step's outputs as one list) and an optional ``is_cancelled``
 probe; a watcher thread polls the probes a few times a second, so a client that hangs up ends its
-request and frees its pages. Every submitted request gets exactly one final output, whatever
-happens: finish, stop, cancel, engine error or shutdown.
+request and frees its pages. The same thread ends a request whose timeout passed, and asks the
+optional ``serving`` probe a couple of times a second whether the server still serves this model:
+once it says no (Triton is shutting down or unloading the model), every request in flight ends at
+once (Triton waits for them before it finalizes the model; docs/robustness.md). Every submitted
+request gets exactly one final output, whatever happens: finish, stop, cancel, timeout, engine error
+(a step that raises, anywhere in the loop) or shutdown.
 
 The engine thread does nothing but steps and their bookkeeping: in the Triton stub every probe is
 an IPC round trip to the server process, and on the engine thread 64 of them every 50 ms took ~9%
@@ -21,6 +25,7 @@ from typing import Callable
 
 from ..sampling_params import SamplingParams
 from .engine import LLMEngine
+from .faults import FaultInjector
 from .outputs import RequestOutput
 
 log = logging.getLogger("kvshare.engine")
@@ -42,12 +47,21 @@ class Submission:
     # request that names the same batch sink, so its consumer wakes once per step, not per token.
     batch_sink: BatchSink | None = None
     fork_of: str | None = None          # an earlier submission with the same prompt: share its prefill
+    # From submission to the final output, queued or running; past it the request ends with an
+    # error and its pages return. None: no limit.
+    timeout_s: float | None = None
 
 
 class EngineLoop:
     def __init__(self, engine: LLMEngine, *, cancel_poll_s: float = 0.05, idle_tick_s: float = 0.5,
-                 on_tick: Callable[[LLMEngine], None] | None = None, max_in_flight: int | None = None):
+                 on_tick: Callable[[LLMEngine], None] | None = None, max_in_flight: int | None = None,
+                 faults: FaultInjector | None = None, serving: Callable[[], bool] | None = None,
+                 serving_poll_s: float = 0.5):
         self.engine = engine
+        self._faults = faults          # tests only (faults.py): slow steps
+        self._serving = serving
+        self._serving_poll_s = serving_poll_s
+        self.draining = False           # set once the server stopped serving this model: submissions are refused
         # Admission control: past this many accepted-but-unfinished requests, try_submit refuses, so
         # overload turns into a clear error for the client instead of unbounded queue growth.
         self.max_in_flight = max_in_flight
@@ -56,6 +70,7 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._subs: dict[str, Submission] = {}
         self._probes: dict[str, Callable[[], bool]] = {}     # shared with the watcher thread
+        self._deadlines: dict[str, tuple[float, float]] = {}   # rid -> (monotonic deadline, timeout_s); watcher's
         self._probe_lock = threading.Lock()
         self._cancel_poll_s = cancel_poll_s
         self._idle_tick_s = idle_tick_s
@@ -77,11 +92,13 @@ class EngineLoop:
     def try_submit_all(self, subs: list[Submission]) -> bool:
         """Queues all of them, in order, or none (a batched or n-sequence request is one decision)."""
         with self._count_lock:
-            if self.max_in_flight is not None and self._in_flight + len(subs) > self.max_in_flight:
+            if self.draining or (self.max_in_flight is not None and self._in_flight + len(subs) > self.max_in_flight):
                 return False
             self._in_flight += len(subs)
-        for sub in subs:
-            self._inbox.put(("add", sub))
+            now = time.monotonic()
+            # queued under the lock: a drain decided after this check is queued after these adds
+            for sub in subs:
+                self._inbox.put(("add", (sub, None if sub.timeout_s is None else now + sub.timeout_s)))
         return True
 
     @property
@@ -90,6 +107,14 @@ class EngineLoop:
 
     def cancel(self, request_id: str) -> None:
         self._inbox.put(("cancel", request_id))
+
+    def abandon(self, request_id: str) -> None:
+        """The request's client can no longer be answered and its caller ends the Triton request
+        itself: its cancellation probe stops now, on the calling thread, before that final goes out
+        (in the stub a probe after the final reads freed memory), and the engine ends it."""
+        with self._probe_lock:
+            self._probes.pop(request_id, None)
+        self.cancel(request_id)
 
     def call(self, fn: Callable[[LLMEngine], object], timeout: float = 30.0) -> object:
         """Runs fn(engine) on the engine thread (e.g. a consistent stats snapshot)."""
@@ -110,18 +135,25 @@ class EngineLoop:
     def _run(self) -> None:
         last_tick = time.monotonic()
         while not self._stopping.is_set():
-            self._drain_inbox(block=not self.engine.has_work)
-            now = time.monotonic()
-            was_busy = self.engine.has_work
-            if was_busy:
-                self._step()
+            try:
+                self._drain_inbox(block=not self.engine.has_work)
+                now = time.monotonic()
+                was_busy = self.engine.has_work
+                if was_busy:
+                    self._step()
+            except Exception as exc:
+                # Whatever raised (a step, an add, a cancel), the thread lives on: a dead engine thread
+                # would leave every request in flight, and every later one, without a final response.
+                log.exception("engine loop failed; ending the %d requests in flight", len(self._subs))
+                self._fail_all(f"internal engine error: {exc}")
+                now, was_busy = time.monotonic(), True
             # Tick on schedule, and at once when the engine falls idle, so that gauges read right
             # after the last request ends already show the empty pool.
             went_idle = was_busy and not self.engine.has_work
             if self._on_tick is not None and (went_idle or now - last_tick >= self._idle_tick_s):
                 last_tick = now
                 self._safe(self._on_tick, self.engine)
-        self._deliver(self.engine.abort_all("cancelled", "the server is shutting down"))
+        self._fail_all("the server is shutting down", reason="cancelled")
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -137,11 +169,13 @@ class EngineLoop:
 
     def _handle(self, kind: str, payload) -> None:
         if kind == "add":
-            sub: Submission = payload
+            sub, deadline = payload
             self._subs[sub.request_id] = sub
-            if sub.is_cancelled is not None:
-                with self._probe_lock:
+            with self._probe_lock:
+                if sub.is_cancelled is not None:
                     self._probes[sub.request_id] = sub.is_cancelled
+                if deadline is not None:
+                    self._deadlines[sub.request_id] = (deadline, sub.timeout_s)
             try:
                 self.engine.add_request(sub.request_id, sub.prompt_ids, sub.params, cache_salt=sub.cache_salt,
                                         echo_prompt=sub.echo_prompt, fork_of=sub.fork_of)
@@ -152,6 +186,16 @@ class EngineLoop:
             ids = [payload] + [r for r in self.engine.request_ids() if r.startswith(payload + "/")]
             outs = [self.engine.abort(rid, "cancelled") for rid in ids]
             self._deliver([out for out in outs if out])
+        elif kind == "expire":
+            rid, timeout_s = payload
+            if rid in self._subs:
+                out = self.engine.abort(rid, "error", f"timeout: the request did not finish within its timeout of "
+                                                      f"{timeout_s * 1000:.0f} ms and was ended")
+                self._deliver([out] if out else [])
+        elif kind == "drain":
+            log.warning("the server no longer serves this model (shutdown or unload): ending the %d requests "
+                        "in flight", len(self._subs))
+            self._fail_all("the server is shutting down", reason="cancelled")
         elif kind == "call":
             fn, done = payload
             try:
@@ -160,10 +204,28 @@ class EngineLoop:
                 done.put((False, exc))
 
     def _watch_cancellations(self) -> None:
-        """Watcher thread: a probe that fires turns into a cancel in the engine's inbox."""
+        """Watcher thread: a probe that fires turns into a cancel in the engine's inbox, a deadline
+        that passes into an expiry, the serving probe turning false into a drain."""
+        not_serving, next_serving_poll = 0, 0.0
         while not self._stopping.wait(self._cancel_poll_s):
+            if self._serving is not None and not self.draining and time.monotonic() >= next_serving_poll:
+                next_serving_poll = time.monotonic() + self._serving_poll_s
+                # None: cannot tell (e.g. before the first request); two "no"s in a row, so that one
+                # odd answer never ends every request.
+                serving = self._safe(self._serving)
+                not_serving = not_serving + 1 if serving is False else 0
+                if not_serving >= 2:
+                    with self._count_lock:
+                        self.draining = True
+                    self._inbox.put(("drain", None))
             with self._probe_lock:
                 rids = list(self._probes)
+                if self._deadlines:
+                    now = time.monotonic()
+                    expired = [(rid, t) for rid, (at, t) in self._deadlines.items() if at <= now]
+                    for rid, t in expired:
+                        del self._deadlines[rid]
+                        self._inbox.put(("expire", (rid, t)))
             for rid in rids:
                 # Each probe runs under the lock, and only while still registered: _deliver drops it
                 # under the same lock before the final output goes out, and in the Triton stub the
@@ -178,11 +240,29 @@ class EngineLoop:
                     self.cancel(rid)
 
     def _step(self) -> None:
+        if self._faults is not None:
+            self._faults.slow_step()
         try:
             outputs = self.engine.step()
         except Exception as exc:
-            log.exception("engine step failed; ending the %d requests in flight", len(self.engine.request_ids()))
-            outputs = self.engine.abort_all("error", f"internal engine error: {exc}")
+            log.exception("engine step failed; ending the %d requests in flight", len(self._subs))
+            self._fail_all(f"internal engine error: {exc}")
+            return
+        self._deliver(outputs)
+
+    def _fail_all(self, message: str, reason: str = "error") -> None:
+        """Ends every request in flight with `reason`. A step that raised may already have built the
+        final output of a request that finished earlier in the same step; that output is lost with
+        the step, and the engine no longer holds the request, so abort_all cannot end it: every
+        submission still open gets its final here instead."""
+        try:
+            outputs = self.engine.abort_all(reason, message)
+        except Exception:
+            log.exception("aborting the requests in flight failed; their pages may be lost")
+            outputs = []
+        ended = {out.request_id for out in outputs if out.finished}
+        outputs += [RequestOutput(rid, (), "", True, reason, len(sub.prompt_ids), 0, 0, message)
+                    for rid, sub in self._subs.items() if rid not in ended]
         self._deliver(outputs)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
@@ -192,6 +272,7 @@ class EngineLoop:
             if out.finished and self._subs.pop(out.request_id, None) is not None:
                 with self._probe_lock:
                     self._probes.pop(out.request_id, None)
+                    self._deadlines.pop(out.request_id, None)
                 with self._count_lock:
                     self._in_flight -= 1
             if sub is None:

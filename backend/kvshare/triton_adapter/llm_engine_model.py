@@ -18,6 +18,7 @@ import triton_python_backend_utils as pb_utils
 from ..engine.engine import LLMEngine
 from ..engine.engine_config import EngineConfig
 from ..engine.engine_loop import EngineLoop, Submission
+from ..engine.faults import FaultInjector
 from ..engine.gc_tuning import freeze_startup_heap
 from ..engine.outputs import InvalidRequest
 from .inputs import GenerationRequest, generation_requests
@@ -105,17 +106,42 @@ class LLMEngineModel:
                                     args.get("model_instance_device_id", "0"))
         if config.stream_interval < 1:
             raise pb_utils.TritonModelException(f"stream_interval must be >= 1, got {config.stream_interval}")
-        log.info("starting the kvshare engine: %s (overlap scheduling %s)", config,
-                 "on" if config.overlap_enabled else "off")
-        self.engine = LLMEngine(config)
+        log.info("starting the kvshare engine: %s (overlap scheduling %s; code in %s)", config,
+                 "on" if config.overlap_enabled else "off", os.path.dirname(os.path.dirname(__file__)))
+        faults = FaultInjector.from_environment(os.environ)
+        if faults is not None:
+            log.warning("FAULT INJECTION IS ON (tests only): %s", faults.spec)
+        self.engine = LLMEngine(config, faults=faults)
         self.metrics = EngineMetrics(pb_utils, args.get("model_name", "llm_engine"))
         self.publisher = MetricsPublisher(self.metrics)
-        self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval)
+        self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval,
+                                 on_abandoned=lambda rid: self.loop.abandon(rid), faults=faults)
+        self.model_name = model_name = args.get("model_name", "llm_engine")
+        # Triton finalizes a model only once every response factory is released, i.e. after every
+        # request in flight has ended: on a shutdown the engine must end them itself, and this is
+        # how it learns of one (the model turns unready; nothing else reaches the stub). Not asked
+        # before the first execute(): a stub-to-server call during initialize() aborted tritonserver
+        # (boost::interprocess::lock_exception).
+        self._executing = False
         self.loop = EngineLoop(self.engine, on_tick=self._publish_metrics,
-                               max_in_flight=config.max_queued_requests)
+                               max_in_flight=config.max_queued_requests, faults=faults,
+                               serving=lambda: self._serving(model_name))
         self._ids = itertools.count()
         freeze_startup_heap()
         log.info("kvshare engine ready: %d KV pages of %d tokens", self.engine.kv.num_pages, self.engine.kv.page_size)
+
+    def _serving(self, model_name: str, first: bool = False) -> bool | None:
+        """Does the server still serve this model? None: cannot tell (yet)."""
+        if not self._executing and not first:
+            return None
+        try:
+            return bool(pb_utils.is_model_ready(model_name))
+        except pb_utils.TritonModelException as exc:
+            # Once shutdown has begun, 2.51 answers with an error: "... message: Server not ready".
+            if "not ready" in str(exc):
+                return False
+            log.debug("model readiness unknown: %s", exc)
+            return None
 
     def _publish_metrics(self, engine: LLMEngine) -> None:
         """on_tick, on the engine thread."""
@@ -123,6 +149,12 @@ class LLMEngineModel:
         self.publisher.offer(engine.stats(), ttft, itl)
 
     def execute(self, requests):
+        if not self._executing:
+            # The first readiness call goes out here, on the stub's main thread, while the server
+            # serves: when the first one was made only after SIGTERM (from the watcher thread), it
+            # never returned in 2 of 4 runs, and the drain never came (docs/robustness.md).
+            self._serving(self.model_name, first=True)
+            self._executing = True
         for request in requests:
             sender = request.get_response_sender()
             # One pass over the inputs: get_input_tensor_by_name rebuilds the whole input list on each
@@ -145,10 +177,10 @@ class LLMEngineModel:
                 continue
             key = get("request_key")
             base_id = _keyed_id(key) if key is not None else f"{request.request_id() or 'req'}#{next(self._ids)}"
-            self._submit(base_id, rows, sender)
+            self._submit(base_id, rows, sender, _timeout_s(request))
         return None
 
-    def _submit(self, base_id: str, rows: list[GenerationRequest], sender) -> None:
+    def _submit(self, base_id: str, rows: list[GenerationRequest], sender, timeout_s: float | None) -> None:
         """One engine request per row and sequence: num_return_sequences n > 1 forks n - 1 of them
         from the first (one prefill); a beam search is one engine request. All or none go in."""
         members = []
@@ -163,15 +195,16 @@ class LLMEngineModel:
         # The prompt is echoed only in a whole (non-streamed) answer, as TensorRT-LLM does.
         subs = [Submission(rid, row.prompt_ids, _engine_params(row), row.cache_salt,
                            not row.exclude_input_in_output and not row.stream, None,
-                           sender.is_cancelled, batch_sink=self.pump.put_many, fork_of=parent)
+                           sender.is_cancelled, batch_sink=self.pump.put_many, fork_of=parent, timeout_s=timeout_s)
                 for rid, row, _, parent in members]
         for rid, row, s, _ in members:
             self.pump.register(rid, ClientStream(sender, row, sequence_index=s, reply=reply))
         if not self.loop.try_submit_all(subs):
             for rid, *_ in members:
                 self.pump.forget(rid)
-            sender.send(overloaded_response(pb_utils, self.loop.in_flight, self.loop.max_in_flight),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            refusal = (error_response(pb_utils, "llm_engine is shutting down", "UNAVAILABLE") if self.loop.draining
+                       else overloaded_response(pb_utils, self.loop.in_flight, self.loop.max_in_flight))
+            sender.send(refusal, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self):
         log.info("kvshare engine shutting down: %d responses sent for %d tokens", self.pump.responses_sent,
@@ -179,12 +212,21 @@ class LLMEngineModel:
         self.loop.shutdown()
         self.pump.close()
         self.publisher.close()
+        log.info("kvshare engine stopped")
 
 
 def _engine_params(row: GenerationRequest):
     """Perf metrics go out on every response (TRT-LLM's clients read them on each): the engine then
     attaches the request's timing to every output, not only the last."""
     return dataclasses.replace(row.params, return_timing=True) if row.return_perf_metrics else row.params
+
+
+def _timeout_s(request) -> float | None:
+    """The request's Triton timeout (the client's `timeout`, in µs; 0 = none), as seconds. Triton 2.51
+    enforces it only in a dynamic batcher's queue, which a decoupled engine model has not: the
+    engine enforces it, over the request's whole life (queued and running)."""
+    micros = request.timeout()
+    return micros / 1e6 if micros else None
 
 
 def _keyed_id(key) -> str:

@@ -6,16 +6,22 @@ GIL released) to send. When the pump falls behind, all queued deltas of a reques
 response. With ``stream_interval`` N > 1 a stream's deltas are held until N tokens are pending (the
 first delta and the final response are never held), so the pump sends ~N times fewer responses and
 takes that much less of the GIL that the engine thread needs (docs/server-path.md).
+
+A response that cannot be built or sent still ends its Triton request: the client gets an error
+final (which also releases Triton's response factory: an unreleased one keeps the model alive at
+shutdown), and the engine request is abandoned so that its pages return (docs/robustness.md).
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.faults import FaultInjector
 from ..engine.outputs import RequestOutput, coalesce, merge_outputs
 from .inputs import GenerationRequest
 
@@ -28,6 +34,7 @@ class Reply:
     n > 1): the response sender they share, and how many of them are still open. Only the last one
     to finish sends the final flag, so the client sees one final response for the whole request."""
     open: int
+    closed: bool = False        # an error final already went out: its members' later outputs are dropped
 
 
 @dataclass(eq=False)
@@ -192,10 +199,16 @@ def build_response(pb, out: RequestOutput, req: GenerationRequest, sequence_inde
 
 
 class ResponsePump:
-    def __init__(self, pb, stream_interval: int = 1):
+    def __init__(self, pb, stream_interval: int = 1, *, on_abandoned: Callable[[str], None] | None = None,
+                 faults: FaultInjector | None = None):
+        """on_abandoned(request_id): called when a request's client can no longer be answered (its
+        response failed), before the pump sends that client its error final: the engine must stop
+        probing the request at once and end it (EngineLoop.abandon); faults: tests only."""
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self._pb = pb
+        self._on_abandoned = on_abandoned
+        self._faults = faults
         self._interval = stream_interval
         self._builder = ResponseBuilder(pb)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -238,7 +251,11 @@ class ResponsePump:
                     break
             outputs = [out for batch in batches if batch is not None for out in batch]
             if outputs:
-                self._send_batch(coalesce(outputs))
+                try:
+                    outputs = coalesce(outputs)
+                except ValueError:      # an output after its request's final: a bug upstream; send as they are
+                    log.exception("outputs did not coalesce")
+                self._send_batch(outputs)
             if None in batches:
                 return
 
@@ -249,10 +266,15 @@ class ResponsePump:
                 if out.finished:
                     self._streams.pop(out.request_id, None)
         for out, stream in zip(outputs, streams):
-            if stream is not None:
+            if stream is None or (stream.reply is not None and stream.reply.closed):
+                continue
+            try:
                 due = self._due(stream, out)
-                if due is not None:
-                    self._send(stream, due)
+            except Exception as exc:
+                self._fail(out.request_id, stream, out.finished, f"internal error while streaming: {exc}")
+                continue
+            if due is not None:
+                self._send(stream, due)
 
     def _due(self, stream: ClientStream, out: RequestOutput) -> RequestOutput | None:
         """What to send for this stream now (its held-back deltas merged in), or None to keep holding."""
@@ -268,19 +290,53 @@ class ResponsePump:
         return out
 
     def _send(self, stream: ClientStream, out: RequestOutput) -> None:
-        final = out.finished and stream.closes_reply()
-        flags = self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         try:
             if out.finish_reason == "error":
                 response = error_response(self._pb, out.error or "generation failed", "INTERNAL")
             else:
-                stream.cum_logprob += sum(out.logprobs)
-                response = self._builder.response(out, stream.request, stream.sequence_index, stream.cum_logprob)
-            stream.sender.send(response, flags=flags)
-        except Exception:
-            # The client went away; the engine hears of it through is_cancelled() and frees the pages.
-            log.debug("could not send to request %s", out.request_id, exc_info=True)
+                if self._faults is not None:      # not on an error final: that one must reach the client
+                    self._faults.check("pump")
+                response = self._builder.response(out, stream.request, stream.sequence_index,
+                                                  stream.cum_logprob + sum(out.logprobs))
+        except Exception as exc:
+            log.exception("building a response of request %s failed", out.request_id)
+            self._fail(out.request_id, stream, out.finished, f"internal error while building a response: {exc}")
             return
+        final = out.finished and stream.closes_reply()
+        try:
+            stream.sender.send(response, flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+        except Exception:
+            # The client went away (or the stub refused): end the request on both sides.
+            log.debug("could not send to request %s", out.request_id, exc_info=True)
+            if not final:
+                self._fail(out.request_id, stream, out.finished, "the response could not be sent")
+            return
+        stream.cum_logprob += sum(out.logprobs)
         stream.responses_sent += 1
         self.responses_sent += 1
         self.tokens_sent += len(out.token_ids)
+
+    def _fail(self, request_id: str, stream: ClientStream, finished: bool, message: str) -> None:
+        """Ends a Triton request whose response failed: one error final for the whole request (every
+        engine request of a batched or n > 1 reply), the engine asked to end those still running.
+        The abandon comes first: it stops the request's cancellation probe, which must never run
+        once a final has gone out (in the stub the final frees what is_cancelled() reads)."""
+        with self._lock:
+            members = [request_id] if stream.reply is None else \
+                [rid for rid, s in self._streams.items() if s.reply is stream.reply] + [request_id]
+            for rid in members:
+                self._streams.pop(rid, None)
+        if stream.reply is not None:
+            stream.reply.closed = True
+        if self._on_abandoned is not None:
+            for rid in dict.fromkeys(members):
+                if rid != request_id or not finished:
+                    try:
+                        self._on_abandoned(rid)
+                    except Exception:
+                        log.exception("abandoning request %s failed", rid)
+        try:
+            stream.sender.send(error_response(self._pb, message, "INTERNAL"),
+                               flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:
+            log.debug("could not send the error final of request %s", request_id, exc_info=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -46,26 +48,69 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class OwnServer:
+    """A server a test started: its address, its tritonserver process and its log."""
+    addr: object                # launch.ServerAddress
+    proc: object                # subprocess.Popen of tritonserver
+    log_path: Path
+
+    def stub_pids(self, model: str | None = None) -> list[int]:
+        """The Python-backend stub processes of this server (children of its tritonserver), only
+        those of `model` when given: never another server's."""
+        from kvshare import launch
+
+        return launch.stub_pids(self.proc.pid, model)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def checkout_model_repository(dest: Path) -> Path:
+    """A copy of model_repository/ whose entry points import this checkout's packages.
+
+    The 2.51 Python-backend stub ignores PYTHONPATH (its environment carries it, yet kvshare came
+    from the shared venv's editable install, i.e. another checkout), so a server started on the
+    repository itself runs that other checkout's code. Each copied model.py first puts this
+    checkout's backend/ and kernels/ at the front of sys.path, then runs the original unchanged."""
+    repo = dest / "model_repository"
+    shutil.copytree(ROOT / "model_repository", repo)
+    prefix = f"import sys\nsys.path[:0] = [{str(ROOT / 'backend')!r}, {str(ROOT / 'kernels')!r}]\n"
+    for entry in repo.glob("*/1/model.py"):
+        entry.write_text(prefix + entry.read_text())
+    return repo
+
+
 @contextlib.contextmanager
-def own_llm_engine_server(env: dict[str, str], name: str) -> Iterator[object]:
-    """A real Triton server of a test module's own, on free ports, with only llm_engine loaded and
-    the engine settings in env (KVSHARE_*); yields its launch.ServerAddress, stops it after."""
+def own_server(env: dict[str, str], name: str, models: tuple[str, ...] = ("llm_engine",),
+               extra_args: tuple[str, ...] = ("--exit-timeout-secs=10",)) -> Iterator[OwnServer]:
+    """A real Triton server of a test module's own, on free ports, with only `models` loaded and the
+    engine settings in env (KVSHARE_*), running this checkout's code (checkout_model_repository);
+    yields an OwnServer, stops it after (if still running)."""
     from kvshare import launch
 
     addr = launch.ServerAddress("127.0.0.1", free_port(), free_port(), free_port())
-    log_path = Path(tempfile.mkdtemp(prefix=f"kvshare-{name}-server-")) / "tritonserver.log"
-    proc = launch.start(ROOT / "model_repository", addr, log_path=log_path, extra_env=env,
-                        extra_args=["--model-control-mode=explicit", "--load-model=llm_engine",
-                                    "--exit-timeout-secs=10"])
+    workdir = Path(tempfile.mkdtemp(prefix=f"kvshare-{name}-server-"))
+    log_path = workdir / "tritonserver.log"
+    proc = launch.start(checkout_model_repository(workdir), addr, log_path=log_path, extra_env=env,
+                        extra_args=["--model-control-mode=explicit", *(f"--load-model={m}" for m in models),
+                                    *extra_args])
     try:
         launch.wait_ready(proc, addr, timeout_s=float(os.environ.get("KVSHARE_TEST_SERVER_TIMEOUT", "400")))
     except Exception as exc:
         launch.stop(proc)
         pytest.fail(f"the Triton server did not start: {exc}\n{log_path.read_text(errors='replace')[-6000:]}")
     try:
-        yield addr
+        yield OwnServer(addr, proc, log_path)
     finally:
         launch.stop(proc)
+
+
+@contextlib.contextmanager
+def own_llm_engine_server(env: dict[str, str], name: str) -> Iterator[object]:
+    """own_server with only llm_engine; yields its launch.ServerAddress."""
+    with own_server(env, name) as server:
+        yield server.addr
 
 
 def post(url: str, body: dict, timeout: float = 300.0) -> tuple[int, str, str]:
