@@ -15,13 +15,14 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
+from ..engine.data_parallel import EngineGroup, ParallelConfig, build_engines
 from ..engine.engine import LLMEngine
 from ..engine.engine_config import EngineConfig
-from ..engine.engine_loop import EngineLoop, Submission
+from ..engine.engine_loop import Submission
 from ..engine.gc_tuning import freeze_startup_heap
 from ..engine.outputs import InvalidRequest
 from .inputs import GenerationRequest, generation_requests
-from .metrics import EngineMetrics
+from .metrics import EngineMetrics, MetricFamilies, RouterMetrics
 from .response_stream import ClientStream, Reply, ResponsePump, error_response, overloaded_response
 from .word_lists import resolve_words
 
@@ -30,7 +31,8 @@ log = logging.getLogger("kvshare.triton")
 
 def engine_config_from(model_config: dict, instance_kind: str, device_id: str) -> EngineConfig:
     """Triton config parameters, overridden by KVSHARE_<NAME> environment variables."""
-    values = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+    parallel = ParallelConfig.field_names()
+    values = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items() if k not in parallel}
     for field in EngineConfig.__dataclass_fields__:
         env = os.environ.get(f"KVSHARE_{field.upper()}")
         if env is not None:
@@ -38,6 +40,18 @@ def engine_config_from(model_config: dict, instance_kind: str, device_id: str) -
     if "device" not in values:
         values["device"] = f"cuda:{device_id}" if instance_kind == "GPU" else "cpu"
     return EngineConfig.from_mapping(values)
+
+
+def parallel_config_from(model_config: dict) -> ParallelConfig:
+    """How many engines this instance drives and how requests reach them (ParallelConfig's fields),
+    from the same parameters and KVSHARE_<NAME> variables."""
+    names = ParallelConfig.field_names()
+    values = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items() if k in names}
+    for name in names:
+        env = os.environ.get(f"KVSHARE_{name.upper()}")
+        if env is not None:
+            values[name] = env
+    return ParallelConfig.from_mapping(values)
 
 
 class MetricsPublisher:
@@ -105,22 +119,28 @@ class LLMEngineModel:
                                     args.get("model_instance_device_id", "0"))
         if config.stream_interval < 1:
             raise pb_utils.TritonModelException(f"stream_interval must be >= 1, got {config.stream_interval}")
-        log.info("starting the kvshare engine: %s (overlap scheduling %s)", config,
-                 "on" if config.overlap_enabled else "off")
-        self.engine = LLMEngine(config)
-        self.metrics = EngineMetrics(pb_utils, args.get("model_name", "llm_engine"))
-        self.publisher = MetricsPublisher(self.metrics)
+        parallel = parallel_config_from(model_config)
+        log.info("starting the kvshare engine: %s (overlap scheduling %s; %s)", config,
+                 "on" if config.overlap_enabled else "off", parallel)
+        engines = build_engines(config, parallel) if parallel.data_parallel_size > 1 else [LLMEngine(config)]
+        self.engine = engines[0]
+        model_name = args.get("model_name", "llm_engine")
+        families = MetricFamilies(pb_utils)
+        self.publishers = [MetricsPublisher(EngineMetrics(pb_utils, model_name, i, families))
+                           for i in range(len(engines))]
+        self.router_metrics = RouterMetrics(families, model_name) if len(engines) > 1 else None
         self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval)
-        self.loop = EngineLoop(self.engine, on_tick=self._publish_metrics,
-                               max_in_flight=config.max_queued_requests)
+        self.group = EngineGroup(engines, parallel.router_settings, max_in_flight=config.max_queued_requests,
+                                 on_tick=self._publish_metrics)
         self._ids = itertools.count()
         freeze_startup_heap()
-        log.info("kvshare engine ready: %d KV pages of %d tokens", self.engine.kv.num_pages, self.engine.kv.page_size)
+        log.info("kvshare engine ready: %d engine(s) on %s, %d KV pages of %d tokens each", len(engines),
+                 ", ".join(str(e.device) for e in engines), self.engine.kv.num_pages, self.engine.kv.page_size)
 
-    def _publish_metrics(self, engine: LLMEngine) -> None:
-        """on_tick, on the engine thread."""
+    def _publish_metrics(self, index: int, engine: LLMEngine) -> None:
+        """on_tick, on engine index's thread."""
         ttft, itl = engine.drain_latencies()
-        self.publisher.offer(engine.stats(), ttft, itl)
+        self.publishers[index].offer(engine.stats(), ttft, itl)
 
     def execute(self, requests):
         for request in requests:
@@ -132,7 +152,7 @@ class LLMEngineModel:
             cancel_key = get("cancel_request_key")
             if cancel_key is not None:
                 # A control request from llm_bls: its client cancelled (Triton 2.51 has no BLS cancel).
-                self.loop.cancel(_keyed_id(cancel_key))
+                self.group.cancel(_keyed_id(cancel_key))
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             try:
@@ -167,18 +187,22 @@ class LLMEngineModel:
                 for rid, row, _, parent in members]
         for rid, row, s, _ in members:
             self.pump.register(rid, ClientStream(sender, row, sequence_index=s, reply=reply))
-        if not self.loop.try_submit_all(subs):
+        decision = self.group.try_submit_all(base_id, subs)
+        if decision is None:
             for rid, *_ in members:
                 self.pump.forget(rid)
-            sender.send(overloaded_response(pb_utils, self.loop.in_flight, self.loop.max_in_flight),
+            sender.send(overloaded_response(pb_utils, self.group.in_flight, self.group.max_in_flight),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        elif self.router_metrics is not None:
+            self.router_metrics.record(decision.engine, decision.reason)
 
     def finalize(self):
         log.info("kvshare engine shutting down: %d responses sent for %d tokens", self.pump.responses_sent,
                  self.pump.tokens_sent)
-        self.loop.shutdown()
+        self.group.shutdown()
         self.pump.close()
-        self.publisher.close()
+        for publisher in self.publishers:
+            publisher.close()
 
 
 def _engine_params(row: GenerationRequest):
