@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -46,15 +47,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def checkout_model_repository(models: tuple[str, ...] = ("llm_engine",)) -> Path:
+    """A copy of the models whose Python stub imports this checkout's kvshare and kvshare_kernels.
+
+    The stub runs its interpreter isolated (it ignores PYTHONPATH), so it imports what the venv's
+    editable install points at, which need not be this checkout; a package link in the model's
+    directory (on the stub's sys.path) comes first.
+    """
+    root = Path(tempfile.mkdtemp(prefix="kvshare-repo-"))
+    for model in models:
+        shutil.copytree(ROOT / "model_repository" / model, root / model)
+        for package, base in (("kvshare", ROOT / "backend"), ("kvshare_kernels", ROOT / "kernels")):
+            (root / model / package).symlink_to(base / package, target_is_directory=True)
+    return root
+
+
 @contextlib.contextmanager
-def own_llm_engine_server(env: dict[str, str], name: str) -> Iterator[object]:
+def own_llm_engine_server(env: dict[str, str], name: str, *, repo: Path | None = None) -> Iterator[object]:
     """A real Triton server of a test module's own, on free ports, with only llm_engine loaded and
-    the engine settings in env (KVSHARE_*); yields its launch.ServerAddress, stops it after."""
+    the engine settings in env (KVSHARE_*); yields its launch.ServerAddress, stops it after.
+    repo: default, a checkout_model_repository() of llm_engine."""
     from kvshare import launch
 
     addr = launch.ServerAddress("127.0.0.1", free_port(), free_port(), free_port())
     log_path = Path(tempfile.mkdtemp(prefix=f"kvshare-{name}-server-")) / "tritonserver.log"
-    proc = launch.start(ROOT / "model_repository", addr, log_path=log_path, extra_env=env,
+    proc = launch.start(repo or checkout_model_repository(), addr, log_path=log_path, extra_env=env,
                         extra_args=["--model-control-mode=explicit", "--load-model=llm_engine",
                                     "--exit-timeout-secs=10"])
     try:
