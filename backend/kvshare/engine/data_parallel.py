@@ -88,6 +88,8 @@ def build_engines(config: EngineConfig, parallel: ParallelConfig) -> list[LLMEng
     from ..runtime.weights import load_model
     from .engine import _DTYPES
 
+    if parallel.data_parallel_size > 1 and config.tensor_parallel_size > 1:
+        raise ValueError("data_parallel_size > 1 with tensor_parallel_size > 1 is not supported yet")
     loaded: dict[str, object] = {}
     engines = []
     for device in parallel.engine_devices(config.device):
