@@ -159,6 +159,8 @@ class EngineGroup:
     def shutdown(self, timeout: float = 10.0) -> None:
         for loop in self.loops:
             loop.shutdown(timeout)
+        for engine in self.engines:     # after its loop: no step runs while its ranks stop
+            engine.close()
 
     # -- finishing: the tap in front of the caller's sinks (engine threads) ---------------------------
 

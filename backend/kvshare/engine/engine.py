@@ -99,7 +99,7 @@ class LLMEngine:
             from .tensor_parallel_ranks import TensorParallelRanks, build_rank_model
 
             self._tp = TensorParallelRanks.start(config, num_pages=num_pages, host_pages=host_pages,
-                                                 max_model_len=self.max_model_len)
+                                                 max_model_len=self.max_model_len, loaded=loaded)
             model, self.kv = build_rank_model(loaded, self._tp.setup, 0, self._tp.group, self.device, dtype)
         else:
             self.kv = KVCache.allocate(loaded.config, num_pages=num_pages, page_size=config.page_size,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import multiprocessing
 import os
 import tempfile
 from pathlib import Path
@@ -70,8 +69,12 @@ class TensorParallelRanks:
         self._closed = False
 
     @classmethod
-    def start(cls, config: EngineConfig, *, num_pages: int, host_pages: int, max_model_len: int) -> "TensorParallelRanks":
+    def start(cls, config: EngineConfig, *, num_pages: int, host_pages: int, max_model_len: int,
+              loaded: LoadedModel | None = None) -> "TensorParallelRanks":
+        """loaded: on the CPU, rank 0's weights; each follower then gets its shard through shared
+        memory instead of loading the model again. On CUDA every rank loads onto its own device."""
         import torch.distributed as dist
+        import torch.multiprocessing as mp
 
         world = config.tensor_parallel_size
         if dist.is_initialized():
@@ -79,12 +82,17 @@ class TensorParallelRanks:
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         store = Path(tempfile.mkdtemp(prefix="kvshare-tp-")) / "rendezvous"
         setup = RankSetup(config, world, num_pages, host_pages, max_model_len, config.dtype, f"file://{store}")
-        ctx = multiprocessing.get_context("spawn")
-        processes = [ctx.Process(target=_follower_main, args=(setup, rank), name=f"kvshare-tp-rank{rank}", daemon=True)
-                     for rank in range(1, world)]
+        ctx = mp.get_context("spawn")     # torch's: CPU tensors in the arguments travel as shared memory
+        device = rank_device(config.device, 0)
+        shards = [None] * world
+        if loaded is not None and device.type == "cpu":
+            specs = shard_specs(loaded.config, world)
+            shards = [None] + [(*shard_model(loaded.config, loaded.weights, specs[r]), loaded.config.eos_token_ids)
+                               for r in range(1, world)]
+        processes = [ctx.Process(target=_follower_main, args=(setup, rank, shards[rank]), name=f"kvshare-tp-rank{rank}",
+                                 daemon=True) for rank in range(1, world)]
         for p in processes:
             p.start()
-        device = rank_device(config.device, 0)
         dist.init_process_group(_backend(device), init_method=setup.init_method, rank=0, world_size=world,
                                 timeout=_TIMEOUT)
         return cls(setup, processes, TensorParallelGroup(0, world))
@@ -104,7 +112,8 @@ class TensorParallelRanks:
             raise RuntimeError(f"tensor-parallel ranks ended badly: {failed}")
 
 
-def _follower_main(setup: RankSetup, rank: int) -> None:
+def _follower_main(setup: RankSetup, rank: int, shard: tuple | None = None) -> None:
+    """shard: (this rank's config, its weights, the EOS ids), or None to load the model here."""
     import torch.distributed as dist
 
     from .engine import _DTYPES
@@ -117,11 +126,19 @@ def _follower_main(setup: RankSetup, rank: int) -> None:
                             world_size=setup.world_size, timeout=_TIMEOUT)
     group = TensorParallelGroup(rank, setup.world_size)
     dtype = _DTYPES[setup.dtype]
-    loaded = load_model(config.model, dtype=dtype, device=device, seed=config.seed)
-    model, kv = build_rank_model(loaded, setup, rank, group, device, dtype)
-    runner = ModelRunner(model, kv, Sampler(loaded.config.eos_token_ids, seed=config.seed), device,
+    if shard is None:
+        loaded = load_model(config.model, dtype=dtype, device=device, seed=config.seed)
+        model, kv = build_rank_model(loaded, setup, rank, group, device, dtype)
+        eos = loaded.config.eos_token_ids
+    else:
+        local_config, weights, eos = shard
+        kv = KVCache.allocate(local_config, num_pages=setup.num_pages, page_size=config.page_size, dtype=dtype,
+                              device=device, host_pages=setup.host_pages)
+        model = LlamaModel(local_config, weights, device=device, dtype=dtype, all_reduce=group.all_reduce)
+    runner = ModelRunner(model, kv, Sampler(eos, seed=config.seed), device,
                          max_model_len=setup.max_model_len, max_rows=config.max_running)
     try:
         serve_follower(runner, group)
     finally:
         dist.destroy_process_group()
+
