@@ -53,14 +53,10 @@ backend: "python"
 max_batch_size: {C.ENGINE_MAX_BATCH_SIZE}
 model_transaction_policy {{ decoupled: true }}
 ''' + inputs(C.ENGINE) + outputs(C.ENGINE) + '''instance_group [ { count: 1, kind: KIND_CPU } ]
-# Engine settings (kvshare.engine.engine_config.EngineConfig); KVSHARE_<NAME> environment variables override them.
-parameters { key: "page_size" value: { string_value: "16" } }
-parameters { key: "kv_cache_memory_gb" value: { string_value: "1.0" } }
-# auto (the model's dtype) | fp8_e4m3 | int8: 8-bit KV pages, about twice the pages (docs/kv-quantization.md).
-parameters { key: "kv_cache_dtype" value: { string_value: "auto" } }
-parameters { key: "max_running" value: { string_value: "32" } }
-parameters { key: "default_max_tokens" value: { string_value: "128" } }
-'''
+# Engine settings (kvshare.engine.engine_config.EngineConfig, kvshare.engine.data_parallel.ParallelConfig);
+# KVSHARE_<NAME> environment variables override them. Several GPUs: docs/multi-gpu.md.
+''' + "".join(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+                for key, value, _ in C.ENGINE_PARAMETERS)
 
 
 PREPROCESSING_OUTPUTS = [C.Tensor("input_ids", "TYPE_INT32", (-1,), frozenset(), "tokens", ""),

@@ -18,6 +18,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _checkout_repository() -> Path:
+    """The whole model repository, its stubs importing this checkout's packages (server_helpers)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "kvshare_test_server_helpers", ROOT / "tests" / "backend" / "integration" / "server_helpers.py")
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    models = tuple(sorted(p.parent.name for p in (ROOT / "model_repository").glob("*/config.pbtxt")))
+    return helpers.checkout_model_repository(models)
+
+
 @pytest.fixture(scope="session")
 def triton_server():
     from kvshare import launch
@@ -26,7 +38,7 @@ def triton_server():
     log_path = Path(tempfile.mkdtemp(prefix="kvshare-server-")) / "tritonserver.log"
     # A small in-flight limit so the overload test can reach it; no other test runs more than 16 at once.
     env = {"KVSHARE_DEBUG_CHECKS": "true", "KVSHARE_LOG_LEVEL": "INFO", "KVSHARE_MAX_QUEUED_REQUESTS": "24"}
-    proc = launch.start(ROOT / "model_repository", addr, log_path=log_path, extra_env=env)
+    proc = launch.start(_checkout_repository(), addr, log_path=log_path, extra_env=env)
     try:
         launch.wait_ready(proc, addr, timeout_s=float(os.environ.get("KVSHARE_TEST_SERVER_TIMEOUT", "400")))
     except Exception as exc:

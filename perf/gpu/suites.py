@@ -262,4 +262,28 @@ SUITES: tuple[Suite, ...] = (
           minutes=6, note="not run on a GPU yet: minutes estimated from the engine, kernels and cascade suites"),
 )
 
+# Data parallel (engine/data_parallel.py) and tensor parallel (runtime/tensor_parallel.py) on 2 GPUs.
+DP = (PY, "perf/engine/data_parallel_benchmark.py", "--model", "dummy:llama-2-7b", "--devices", "cuda:0,cuda:1",
+      "--kv-gb", "40")
+TP = (PY, "perf/engine/check_tensor_parallel.py", "--model", "dummy:llama-2-7b", "--device", "cuda", "--tp", "2")
+
+SUITES += (
+    Suite("multi-gpu",
+          "two GPUs: data parallel (one engine per GPU behind the router) fixed-256 and shared-prefix tok/s for 1 "
+          "and 2 GPUs, cache-aware routing vs round robin; tensor parallel 2 vs 1 (Llama-2-7B shape, bf16): "
+          "first-position logits within bf16 tolerance, greedy agreement, decode step time and tok/s at batch 1 "
+          "and 64; the multi-GPU tests",
+          (Stage("dp-fixed-256", (*DP, "--workloads", "fixed-256", "--routing", "cache_aware,round_robin",
+                                  "--json", "{out}/dp-fixed-256.json"), 200, ("dp-fixed-256.json",)),
+           Stage("dp-shared-prefix", (*DP, "--workloads", "shared-prefix", "--open-loop", "--max-running", "256",
+                                      "--routing", "cache_aware,round_robin", "--json", "{out}/dp-shared-prefix.json"),
+                 340, ("dp-shared-prefix.json",)),
+           Stage("tp-check", (*TP, "--dtype", "bfloat16", "--time", "--batches", "1,64",
+                              "--json", "{out}/tp-check.json"), 360, ("tp-check.json",)),
+           Stage("tests", (PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/backend/engine/test_tensor_parallel.py",
+                           "tests/backend/engine/test_data_parallel_engines.py"), 200),),
+          minutes=15, note="needs nvidia-h200-x2 (2 GPUs); not run on a GPU yet: minutes estimated; two commands "
+                           "of < 10 min: --only dp-fixed-256,dp-shared-prefix, then --only tp-check,tests"),
+)
+
 BY_NAME = {s.name: s for s in SUITES}

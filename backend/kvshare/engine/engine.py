@@ -6,6 +6,7 @@ Single-threaded by design: EngineLoop owns it on one thread; nothing here locks.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -78,6 +79,10 @@ class LLMEngine:
                  faults: FaultInjector | None = None):
         if config.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got '{config.dtype}'")
+        if config.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {config.tensor_parallel_size}")
+        if config.tensor_parallel_size > 1:
+            config = _tensor_parallel_config(config)
         self.config = config
         dtype = _DTYPES[config.dtype]
         kv_dtype = kv_storage_dtype(config.kv_cache_dtype, dtype)     # an unknown name fails before the model loads
@@ -92,8 +97,20 @@ class LLMEngine:
         if config.host_cache_memory_gb > 0 and config.enable_prefix_caching:
             host_pages = pages_for_memory(loaded.config, page_size=config.page_size, dtype=kv_dtype,
                                           budget_bytes=int(config.host_cache_memory_gb * 2**30))
-        self.kv = KVCache.allocate(loaded.config, num_pages=num_pages, page_size=config.page_size,
-                                   dtype=kv_dtype, device=self.device, host_pages=host_pages)
+        self._tp = None       # tensor parallelism: the other ranks (engine/tensor_parallel_ranks.py)
+        if config.tensor_parallel_size > 1:
+            if config.kv_cache_dtype != "auto":
+                raise ValueError("kv_cache_dtype must be 'auto' with tensor_parallel_size > 1 (8-bit pages are "
+                                 f"single-rank for now), got '{config.kv_cache_dtype}'")
+            from .tensor_parallel_ranks import TensorParallelRanks, build_rank_model
+
+            self._tp = TensorParallelRanks.start(config, num_pages=num_pages, host_pages=host_pages,
+                                                 max_model_len=self.max_model_len, loaded=loaded)
+            model, self.kv = build_rank_model(loaded, self._tp.setup, 0, self._tp.group, self.device, dtype)
+        else:
+            self.kv = KVCache.allocate(loaded.config, num_pages=num_pages, page_size=config.page_size,
+                                       dtype=kv_dtype, device=self.device, host_pages=host_pages)
+            model = LlamaModel(loaded.config, loaded.weights, device=self.device, dtype=dtype)
         self.scheduler = Scheduler(
             KVCacheManager(num_pages, config.page_size, enable_prefix_caching=config.enable_prefix_caching,
                            policy=config.eviction, host_tier=HostTier(host_pages) if host_pages else None,
@@ -101,7 +118,6 @@ class LLMEngine:
             max_running=config.max_running, max_step_tokens=config.max_step_tokens,
             max_prefill_chunk=config.max_prefill_chunk, debug_checks=config.debug_checks, admission=config.admission,
             admission_delay_steps=config.admission_delay_steps)
-        model = LlamaModel(loaded.config, loaded.weights, device=self.device, dtype=dtype)
         self.eos_ids = frozenset(loaded.config.eos_token_ids)
         graph_sizes = graph_batch_sizes(config.max_running) if config.cuda_graphs and not kernel_debug() else ()
         # The cascade path only pays on the GPU (fewer KV bytes read); the CPU keeps one code path.
@@ -110,7 +126,8 @@ class LLMEngine:
         sampler = Sampler(loaded.config.eos_token_ids, seed=config.seed)
         self.runner = ModelRunner(model, self.kv, faults.wrap("sample", sampler) if faults else sampler, self.device,
                                   max_model_len=self.max_model_len, graph_batch_sizes=graph_sizes, cascade=cascade,
-                                  max_rows=config.max_running, overlap=config.overlap_enabled)
+                                  max_rows=config.max_running, overlap=config.overlap_enabled,
+                                  mirror=self._tp.mirror if self._tp is not None else None)
         self._pending: _PendingStep | None = None    # overlap scheduling: the launched, unresolved step
         self._seq_ids = itertools.count()
         self._by_request: dict[str, RequestState] = {}
@@ -500,6 +517,19 @@ class LLMEngine:
         ttft, itl, self._ttft, self._itl = self._ttft, self._itl, [], []
         return ttft, itl
 
+    def close(self) -> None:
+        """Stops the engine's other processes (tensor-parallel ranks); nothing to do without them."""
+        if self._tp is not None:
+            self._tp.close()
+
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
         assert set(self._by_seq) == {s.seq_id for s in self._by_request.values()}
+
+
+def _tensor_parallel_config(config: EngineConfig) -> EngineConfig:
+    """Tensor parallelism runs eagerly and synchronously for now: a captured graph or an overlapped
+    step would run rank 0's collectives without the followers (docs/multi-gpu.md)."""
+    if config.overlap_schedule:
+        raise ValueError("overlap_schedule is not supported with tensor_parallel_size > 1 yet")
+    return dataclasses.replace(config, cuda_graphs=False, overlap_schedule=False)

@@ -56,6 +56,9 @@ class EngineConfig:
     # fixed-256 16.05 -> 13.33 ms; docs/gpu-engine.md, perf/results/options/2026-11-30/overlap.log);
     # the CPU has no asynchronous device to overlap with. Read overlap_enabled, not this field.
     overlap_schedule: bool | None = None
+    # Ranks of one engine, Megatron-style (runtime/tensor_parallel.py): heads by KV-head groups and MLP
+    # columns split over devices device, device+1, ...; the scheduler runs once, on rank 0 (docs/multi-gpu.md).
+    tensor_parallel_size: int = 1
     seed: int = 0
 
     @property

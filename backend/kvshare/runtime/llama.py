@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
+from typing import Callable
 
 import kvshare_kernels
 import torch
@@ -24,9 +25,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: LlamaWeights, *, device: torch.device, dtype: torch.dtype,
-                 ops: ModuleType | None = None):
+                 ops: ModuleType | None = None, all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.config = config
         self.weights = weights
+        # Tensor parallelism (runtime/tensor_parallel.py): config and weights are this rank's shard, and
+        # the two row-parallel outputs of each block (o_proj, down) are summed over the ranks.
+        self.all_reduce = all_reduce
         self.rope = RotaryEmbedding(config, device, dtype)
         self.ops = ops or kvshare_kernels.ops(device)   # Triton on CUDA, torch reference elsewhere
         self.scale = config.head_dim ** -0.5
@@ -61,8 +65,12 @@ class LlamaModel:
             q = self._rotary_write_kv(batch, q, k, v, kv.k[layer], kv.v[layer], scales)
             attn = self._attention(q, kv.k[layer], kv.v[layer], batch, scales)
             h = F.linear(attn.reshape(-1, self._q), lw.o_proj)
+            if self.all_reduce is not None:
+                h = self.all_reduce(h)
             x, residual = self._add_norm(h, residual, lw.post_norm)
             h = F.linear(self._silu_mul(F.linear(x, lw.gate_up)), lw.down)
+            if self.all_reduce is not None:
+                h = self.all_reduce(h)
         h = (residual + h).index_select(0, batch.logits_indices)
         h = self._norm(h, w.final_norm)
         return F.linear(h, w.lm_head).float()

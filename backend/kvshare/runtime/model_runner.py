@@ -9,7 +9,7 @@ eagerly.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -52,8 +52,15 @@ class ChunkInput:
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, sampler: Sampler, device: torch.device, *,
                  max_model_len: int | None = None, graph_batch_sizes: Sequence[int] = (),
-                 cascade: CascadePolicy | None = None, max_rows: int = 256, overlap: bool = False):
+                 cascade: CascadePolicy | None = None, max_rows: int = 256, overlap: bool = False,
+                 mirror: Callable[[str, object], None] | None = None):
         self.model, self.kv, self.sampler, self.device = model, kv, sampler, device
+        # Tensor parallelism, rank 0: every page move and forward batch goes to the other ranks first
+        # (runtime/tensor_parallel.StepMirror), so they run the same collectives in the same order.
+        # CUDA graphs would replay without telling them: not with a mirror (yet).
+        if mirror is not None and (graph_batch_sizes or overlap):
+            raise ValueError("tensor parallelism runs without CUDA graphs and overlap scheduling (for now)")
+        self.mirror = mirror
         # Overlap scheduling: the last launched step's ids stay here on the device, where the next
         # step's future_ref inputs are gathered from (inside the decode graph too); host copies
         # go to two pinned slots in turn (a step's slot is read before it is reused two steps on).
@@ -80,6 +87,8 @@ class ModelRunner:
         """The host tier's moves, before the step's copies and forward: spills (GPU page -> host slot)
         first, then loads (host slot -> GPU page), in stream order with the step."""
         kv, copy = self.kv, self.model.ops.copy_page_tensors
+        if self.mirror is not None and (spills or loads):
+            self.mirror("transfer", (tuple(spills), tuple(loads)))
         # Pages as opaque tensors: K, V and whatever else a page carries (int8's scales).
         if spills:
             pages, slots = _columns(spills)
@@ -91,6 +100,8 @@ class ModelRunner:
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:
             return
+        if self.mirror is not None:
+            self.mirror("copy", tuple(copies))
         src, dst = to_device(_columns(copies), self.device)   # one upload for both lists
         self.model.ops.copy_page_tensors(self.kv.page_tensors(), src, dst)
 
@@ -171,6 +182,8 @@ class ModelRunner:
             all_logits=[c.all_logits for c in chunks] if all_logits else None)
         if any(len(c.token_ids) == 1 and c.token_ids[0] < 0 for c in chunks):
             batch = replace(batch, input_ids=resolve_future_ids(batch.input_ids, self.last_ids))
+        if self.mirror is not None:
+            self.mirror("forward", batch)
         return self.model.forward(batch, self.kv), None
 
     def _graph_fits(self, chunks: Sequence[ChunkInput], num_sampling: int) -> bool:

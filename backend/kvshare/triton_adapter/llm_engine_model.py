@@ -15,14 +15,15 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
+from ..engine.data_parallel import EngineGroup, ParallelConfig, build_engines
 from ..engine.engine import LLMEngine
 from ..engine.engine_config import EngineConfig
-from ..engine.engine_loop import EngineLoop, Submission
+from ..engine.engine_loop import Submission
 from ..engine.faults import FaultInjector
 from ..engine.gc_tuning import freeze_startup_heap
 from ..engine.outputs import InvalidRequest
 from .inputs import GenerationRequest, generation_requests
-from .metrics import EngineMetrics
+from .metrics import EngineMetrics, MetricFamilies, RouterMetrics
 from .response_stream import ClientStream, Reply, ResponsePump, error_response, overloaded_response
 from .word_lists import resolve_words
 
@@ -31,7 +32,8 @@ log = logging.getLogger("kvshare.triton")
 
 def engine_config_from(model_config: dict, instance_kind: str, device_id: str) -> EngineConfig:
     """Triton config parameters, overridden by KVSHARE_<NAME> environment variables."""
-    values = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+    parallel = ParallelConfig.field_names()
+    values = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items() if k not in parallel}
     for field in EngineConfig.__dataclass_fields__:
         env = os.environ.get(f"KVSHARE_{field.upper()}")
         if env is not None:
@@ -39,6 +41,18 @@ def engine_config_from(model_config: dict, instance_kind: str, device_id: str) -
     if "device" not in values:
         values["device"] = f"cuda:{device_id}" if instance_kind == "GPU" else "cpu"
     return EngineConfig.from_mapping(values)
+
+
+def parallel_config_from(model_config: dict) -> ParallelConfig:
+    """How many engines this instance drives and how requests reach them (ParallelConfig's fields),
+    from the same parameters and KVSHARE_<NAME> variables."""
+    names = ParallelConfig.field_names()
+    values = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items() if k in names}
+    for name in names:
+        env = os.environ.get(f"KVSHARE_{name.upper()}")
+        if env is not None:
+            values[name] = env
+    return ParallelConfig.from_mapping(values)
 
 
 class MetricsPublisher:
@@ -106,29 +120,35 @@ class LLMEngineModel:
                                     args.get("model_instance_device_id", "0"))
         if config.stream_interval < 1:
             raise pb_utils.TritonModelException(f"stream_interval must be >= 1, got {config.stream_interval}")
-        log.info("starting the kvshare engine: %s (overlap scheduling %s; code in %s)", config,
-                 "on" if config.overlap_enabled else "off", os.path.dirname(os.path.dirname(__file__)))
+        parallel = parallel_config_from(model_config)
+        log.info("starting the kvshare engine: %s (overlap scheduling %s; %s; code in %s)", config,
+                 "on" if config.overlap_enabled else "off", parallel, os.path.dirname(os.path.dirname(__file__)))
         faults = FaultInjector.from_environment(os.environ)
         if faults is not None:
             log.warning("FAULT INJECTION IS ON (tests only): %s", faults.spec)
-        self.engine = LLMEngine(config, faults=faults)
-        self.metrics = EngineMetrics(pb_utils, args.get("model_name", "llm_engine"))
-        self.publisher = MetricsPublisher(self.metrics)
-        self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval,
-                                 on_abandoned=lambda rid: self.loop.abandon(rid), faults=faults)
+        engines = (build_engines(config, parallel, faults=faults) if parallel.data_parallel_size > 1
+                   else [LLMEngine(config, faults=faults)])
+        self.engine = engines[0]
         self.model_name = model_name = args.get("model_name", "llm_engine")
+        families = MetricFamilies(pb_utils)
+        self.publishers = [MetricsPublisher(EngineMetrics(pb_utils, model_name, i, families))
+                           for i in range(len(engines))]
+        self.router_metrics = RouterMetrics(families, model_name) if len(engines) > 1 else None
+        self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval,
+                                 on_abandoned=lambda rid: self.group.abandon(rid), faults=faults)
         # Triton finalizes a model only once every response factory is released, i.e. after every
         # request in flight has ended: on a shutdown the engine must end them itself, and this is
         # how it learns of one (the model turns unready; nothing else reaches the stub). Not asked
         # before the first execute(): a stub-to-server call during initialize() aborted tritonserver
         # (boost::interprocess::lock_exception).
         self._executing = False
-        self.loop = EngineLoop(self.engine, on_tick=self._publish_metrics,
-                               max_in_flight=config.max_queued_requests, faults=faults,
-                               serving=lambda: self._serving(model_name))
+        self.group = EngineGroup(engines, parallel.router_settings, max_in_flight=config.max_queued_requests,
+                                 on_tick=self._publish_metrics, faults=faults,
+                                 serving=lambda: self._serving(model_name))
         self._ids = itertools.count()
         freeze_startup_heap()
-        log.info("kvshare engine ready: %d KV pages of %d tokens", self.engine.kv.num_pages, self.engine.kv.page_size)
+        log.info("kvshare engine ready: %d engine(s) on %s, %d KV pages of %d tokens each", len(engines),
+                 ", ".join(str(e.device) for e in engines), self.engine.kv.num_pages, self.engine.kv.page_size)
 
     def _serving(self, model_name: str, first: bool = False) -> bool | None:
         """Does the server still serve this model? None: cannot tell (yet)."""
@@ -143,10 +163,10 @@ class LLMEngineModel:
             log.debug("model readiness unknown: %s", exc)
             return None
 
-    def _publish_metrics(self, engine: LLMEngine) -> None:
-        """on_tick, on the engine thread."""
+    def _publish_metrics(self, index: int, engine: LLMEngine) -> None:
+        """on_tick, on engine index's thread."""
         ttft, itl = engine.drain_latencies()
-        self.publisher.offer(engine.stats(), ttft, itl)
+        self.publishers[index].offer(engine.stats(), ttft, itl)
 
     def execute(self, requests):
         if not self._executing:
@@ -164,7 +184,7 @@ class LLMEngineModel:
             cancel_key = get("cancel_request_key")
             if cancel_key is not None:
                 # A control request from llm_bls: its client cancelled (Triton 2.51 has no BLS cancel).
-                self.loop.cancel(_keyed_id(cancel_key))
+                self.group.cancel(_keyed_id(cancel_key))
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             try:
@@ -199,19 +219,22 @@ class LLMEngineModel:
                 for rid, row, _, parent in members]
         for rid, row, s, _ in members:
             self.pump.register(rid, ClientStream(sender, row, sequence_index=s, reply=reply))
-        if not self.loop.try_submit_all(subs):
+        decision = self.group.try_submit_all(base_id, subs)
+        if decision is None:
             for rid, *_ in members:
                 self.pump.forget(rid)
-            refusal = (error_response(pb_utils, "llm_engine is shutting down", "UNAVAILABLE") if self.loop.draining
-                       else overloaded_response(pb_utils, self.loop.in_flight, self.loop.max_in_flight))
-            sender.send(refusal, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(overloaded_response(pb_utils, self.group.in_flight, self.group.max_in_flight),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        elif self.router_metrics is not None:
+            self.router_metrics.record(decision.engine, decision.reason)
 
     def finalize(self):
         log.info("kvshare engine shutting down: %d responses sent for %d tokens", self.pump.responses_sent,
                  self.pump.tokens_sent)
-        self.loop.shutdown()
+        self.group.shutdown()
         self.pump.close()
-        self.publisher.close()
+        for publisher in self.publishers:
+            publisher.close()
         log.info("kvshare engine stopped")
 
 
@@ -219,6 +242,15 @@ def _engine_params(row: GenerationRequest):
     """Perf metrics go out on every response (TRT-LLM's clients read them on each): the engine then
     attaches the request's timing to every output, not only the last."""
     return dataclasses.replace(row.params, return_timing=True) if row.return_perf_metrics else row.params
+
+
+def _keyed_id(key) -> str:
+    raw = key.reshape(-1)[0]
+    return "key:" + (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
+
+
+def _as_numpy(tensor):
+    return None if tensor is None else tensor.as_numpy()
 
 
 def _timeout_s(request) -> float | None:

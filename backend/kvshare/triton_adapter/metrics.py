@@ -1,4 +1,8 @@
-"""kvshare's Prometheus metrics, exported through Triton's metrics port (pb_utils.MetricFamily)."""
+"""kvshare's Prometheus metrics, exported through Triton's metrics port (pb_utils.MetricFamily).
+
+Every metric carries the labels model and engine (the engine's index among the instance's data
+parallel engines; "0" with one engine): summing over engine gives the instance's totals.
+"""
 from __future__ import annotations
 
 from ..engine.engine import EngineStats
@@ -6,17 +10,49 @@ from ..engine.engine import EngineStats
 _LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 
 
-class EngineMetrics:
-    def __init__(self, pb, model_name: str):
-        labels = {"model": model_name}
-        G, C, H = pb.MetricFamily.GAUGE, pb.MetricFamily.COUNTER, pb.MetricFamily.HISTOGRAM
+class MetricFamilies:
+    """One MetricFamily per name for the whole model instance: the engines' metrics are members of
+    the same families, told apart by their labels."""
+
+    def __init__(self, pb):
+        self.pb = pb
         # A Metric is dead once its MetricFamily is garbage-collected: keep the families alive.
-        self._families = []
+        self._families: dict[str, object] = {}
+
+    def metric(self, name: str, kind, help_text: str, labels: dict[str, str], **kw):
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = self.pb.MetricFamily(name=name, description=help_text, kind=kind)
+        return family.Metric(labels=labels, **kw)
+
+
+class RouterMetrics:
+    """kvshare_router_requests_total{engine, reason}: where the router sent each request and why
+    (affinity, least_loaded, balance, round_robin; kvshare.core.router)."""
+
+    def __init__(self, families: MetricFamilies, model_name: str):
+        self._families = families
+        self._model = model_name
+        self._counters: dict[tuple[int, str], object] = {}
+
+    def record(self, engine: int, reason: str) -> None:
+        counter = self._counters.get((engine, reason))
+        if counter is None:
+            counter = self._counters[(engine, reason)] = self._families.metric(
+                "kvshare_router_requests_total", self._families.pb.MetricFamily.COUNTER,
+                "Requests the data-parallel router sent to an engine, by reason",
+                {"model": self._model, "engine": str(engine), "reason": reason})
+        counter.increment(1)
+
+
+class EngineMetrics:
+    def __init__(self, pb, model_name: str, engine: int = 0, families: MetricFamilies | None = None):
+        labels = {"model": model_name, "engine": str(engine)}
+        G, C, H = pb.MetricFamily.GAUGE, pb.MetricFamily.COUNTER, pb.MetricFamily.HISTOGRAM
+        self.families = families or MetricFamilies(pb)
 
         def metric(name: str, kind, help_text: str, **kw):
-            family = pb.MetricFamily(name=name, description=help_text, kind=kind)
-            self._families.append(family)
-            return family.Metric(labels=labels, **kw)
+            return self.families.metric(name, kind, help_text, labels, **kw)
 
         self.gauges = {
             "total": metric("kvshare_kv_pages_total", G, "KV pages in the pool"),

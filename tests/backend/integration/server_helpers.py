@@ -66,19 +66,19 @@ class OwnServer:
         return self.log_path.read_text(errors="replace")
 
 
-def checkout_model_repository(dest: Path) -> Path:
-    """A copy of model_repository/ whose entry points import this checkout's packages.
+def checkout_model_repository(models: tuple[str, ...] = ("llm_engine",)) -> Path:
+    """A copy of the models whose Python stub imports this checkout's kvshare and kvshare_kernels.
 
-    The 2.51 Python-backend stub ignores PYTHONPATH (its environment carries it, yet kvshare came
-    from the shared venv's editable install, i.e. another checkout), so a server started on the
-    repository itself runs that other checkout's code. Each copied model.py first puts this
-    checkout's backend/ and kernels/ at the front of sys.path, then runs the original unchanged."""
-    repo = dest / "model_repository"
-    shutil.copytree(ROOT / "model_repository", repo)
-    prefix = f"import sys\nsys.path[:0] = [{str(ROOT / 'backend')!r}, {str(ROOT / 'kernels')!r}]\n"
-    for entry in repo.glob("*/1/model.py"):
-        entry.write_text(prefix + entry.read_text())
-    return repo
+    The stub runs its interpreter isolated (it ignores PYTHONPATH), so it imports what the venv's
+    editable install points at, which need not be this checkout; a package link in the model's
+    directory (on the stub's sys.path) comes first.
+    """
+    root = Path(tempfile.mkdtemp(prefix="kvshare-repo-"))
+    for model in models:
+        shutil.copytree(ROOT / "model_repository" / model, root / model)
+        for package, base in (("kvshare", ROOT / "backend"), ("kvshare_kernels", ROOT / "kernels")):
+            (root / model / package).symlink_to(base / package, target_is_directory=True)
+    return root
 
 
 @contextlib.contextmanager
@@ -90,9 +90,8 @@ def own_server(env: dict[str, str], name: str, models: tuple[str, ...] = ("llm_e
     from kvshare import launch
 
     addr = launch.ServerAddress("127.0.0.1", free_port(), free_port(), free_port())
-    workdir = Path(tempfile.mkdtemp(prefix=f"kvshare-{name}-server-"))
-    log_path = workdir / "tritonserver.log"
-    proc = launch.start(checkout_model_repository(workdir), addr, log_path=log_path, extra_env=env,
+    log_path = Path(tempfile.mkdtemp(prefix=f"kvshare-{name}-server-")) / "tritonserver.log"
+    proc = launch.start(checkout_model_repository(models), addr, log_path=log_path, extra_env=env,
                         extra_args=["--model-control-mode=explicit", *(f"--load-model={m}" for m in models),
                                     *extra_args])
     try:
