@@ -7,7 +7,7 @@ import pytest
 
 from kvshare.engine.outputs import InvalidRequest
 from kvshare.triton_adapter.inputs import text_prompts
-from kvshare.triton_adapter.text_prompt import DEFAULT_MAX_PROMPT_BYTES, PromptLimits
+from kvshare.triton_adapter.text_prompt import DEFAULT_MAX_PROMPT_BYTES, PromptLimits, TextPrompter
 
 
 def texts(*rows: bytes):
@@ -42,3 +42,25 @@ def test_settings_environment_over_parameters_over_defaults():
     for bad in ("0", "-3", "lots"):
         with pytest.raises(ValueError, match="max_prompt_bytes"):
             PromptLimits.from_settings({"max_prompt_bytes": bad}, env={})
+
+
+class _CharTokenizer:
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) for c in text]
+
+
+def _prompter(limits: PromptLimits) -> TextPrompter:
+    p = TextPrompter.__new__(TextPrompter)      # without loading a real tokenizer
+    p.tokenizer, p.default_chat, p.params, p.limits = _CharTokenizer(), False, {}, limits
+    return p
+
+
+def test_max_prompt_tokens_in_a_text_model_refuses_naming_text_input():
+    p = _prompter(PromptLimits(max_bytes=100, max_tokens=4))
+    assert p.prompts(texts(b"abcd")) == [[97, 98, 99, 100]]
+    with pytest.raises(InvalidRequest, match=r"^text_input: the prompt has 5 tokens, more than max_prompt_tokens \(4\)"):
+        p.prompts(texts(b"abcde"))
+    with pytest.raises(InvalidRequest, match=r"^text_input: row 1: the prompt has 6 tokens"):
+        p.prompts(texts(b"ab", b"abcdef"))
+    with pytest.raises(InvalidRequest, match="max_prompt_bytes"):
+        _prompter(PromptLimits(max_bytes=3)).prompts(texts(b"abcd"))
