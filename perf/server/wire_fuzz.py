@@ -288,6 +288,8 @@ def classify_error(model: str, message: str) -> str:
         return "internal_error"
     if any(n in message for n in known_names(model)):
         return "refused"
+    if model == C.VLLM and message.startswith(("parameters.", "sampling_parameters.")):
+        return "refused"            # a key the client sent, known to vLLM or not
     if any(p in message for p in FRAMEWORK_REFUSALS):
         return "refused"
     return "unclear_error"

@@ -36,7 +36,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(waves=st.lists(st.lists(request_st, min_size=1, max_size=6), min_size=1, max_size=4),
        num_pages=st.sampled_from((12, 24, 64)))
 def test_a_request_never_reads_a_page_computed_for_another_salt(waves, num_pages):

@@ -49,6 +49,7 @@ def test_the_classifier_tells_a_named_refusal_from_an_internal_error():
     assert W.classify_error("ensemble", "in ensemble 'ensemble', max_tokens: must be > 0, got 0") == "refused"
     assert W.classify_error("llm_engine", "inference request batch-size must be <= 64 for 'llm_engine'") == "refused"
     assert W.classify_error("llm_bls", "llm_bls: 'NoneType' object has no attribute 'as_numpy'") == "internal_error"
+    assert W.classify_error("vllm_model", "parameters.unknown_key: is not a sampling parameter") == "refused"
     assert W.classify_error("vllm_model", "something went wrong") == "unclear_error"
 
 
