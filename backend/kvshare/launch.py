@@ -1,9 +1,12 @@
 """Starts the real Triton Inference Server (the binary inside the nvidia-pytriton wheel) on a model
 repository, with the environment its Python-backend stub needs, and waits until it is ready.
 
-    python -m kvshare.launch [--model-repository model_repository] [--grpc-port 8001] ...
+    python -m kvshare.launch [--model-repository model_repository] [--host 127.0.0.1] [--grpc-port 8001] ...
 
 Used by scripts/serve.sh (foreground) and by the integration tests (background, own ports).
+The server listens on 127.0.0.1 unless told otherwise (`--host 0.0.0.0`: every interface; a
+container does that), because tritonserver's own default is every interface and kvshare has no
+authentication (docs/security.md).
 """
 from __future__ import annotations
 
@@ -41,29 +44,41 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+LOOPBACK = "127.0.0.1"
+ANY = ("0.0.0.0", "::")
+
+
 @dataclass(frozen=True)
 class ServerAddress:
+    """Where the server listens (host: one address for HTTP, gRPC and metrics) and its ports."""
     host: str
     http_port: int
     grpc_port: int
     metrics_port: int
 
     @property
+    def client_host(self) -> str:
+        """The address clients on this machine connect to (loopback when listening on every interface)."""
+        return LOOPBACK if self.host in ANY else self.host
+
+    @property
     def grpc_url(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
+        return f"{self.client_host}:{self.grpc_port}"
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"http://{self.client_host}:{self.http_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
+        return f"http://{self.client_host}:{self.metrics_port}/metrics"
 
 
 def command(repo: Path, addr: ServerAddress, extra: list[str] = ()) -> list[str]:
+    """tritonserver's command line: every endpoint bound to addr.host (tritonserver alone binds 0.0.0.0)."""
     ts = tritonserver_dir()
     return [str(ts / "bin" / "tritonserver"), f"--model-repository={repo}", f"--backend-directory={ts / 'backends'}",
+            f"--http-address={addr.host}", f"--grpc-address={addr.host}", f"--metrics-address={addr.host}",
             f"--http-port={addr.http_port}", f"--grpc-port={addr.grpc_port}", f"--metrics-port={addr.metrics_port}",
             "--allow-metrics=true", "--log-verbose=0", *extra]
 
@@ -150,15 +165,20 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    ap.add_argument("--host", default="127.0.0.1", help="where readiness is probed")
+    ap.add_argument("--host", default=LOOPBACK, help="the address HTTP, gRPC and metrics listen on (default "
+                    "127.0.0.1: this machine only; 0.0.0.0: every interface, e.g. in a container)")
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("extra", nargs="*", help="more tritonserver arguments (after --)")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[kvshare %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     addr = ServerAddress(args.host, args.http_port, args.grpc_port, args.metrics_port)
     repo = args.model_repository.resolve()

@@ -159,6 +159,9 @@ class LLMEngine:
         if n >= self.max_model_len:
             raise InvalidRequest("input_ids", f"the prompt has {n} tokens; the context holds {self.max_model_len} "
                                               "and at least one must be left to generate")
+        if self.config.max_prompt_tokens is not None and n > self.config.max_prompt_tokens:
+            raise InvalidRequest("input_ids", f"the prompt has {n} tokens, more than max_prompt_tokens "
+                                              f"({self.config.max_prompt_tokens})")
         if params.max_tokens <= 0:
             raise InvalidRequest("max_tokens", f"must be > 0, got {params.max_tokens}")
         if n + params.max_tokens > self.max_model_len:

@@ -40,6 +40,9 @@ class EngineConfig:
     # SGLang, since a small closed loop would idle freed slots (docs/core.md "Admission delay").
     admission_delay_steps: int = 0
     default_max_tokens: int = 128
+    # Longest prompt a request may send, in tokens (None: the context less one token to generate).
+    # The text models refuse longer texts by bytes before tokenizing them (docs/security.md).
+    max_prompt_tokens: int | None = None
     # Largest return_generation_logits / return_context_logits reply, in fp32 values (64 MiB).
     max_logits_elements: int = 16_777_216
     max_beam_width: int = 8               # beam_width and num_return_sequences above this are refused

@@ -33,6 +33,17 @@ def _key_tensor(name: str, key: str, rows: int = 1):
     return pb_utils.Tensor(name, np.full((rows, 1), key.encode(), dtype=np.object_))
 
 
+def _as_text_error(err):
+    """llm_engine's error about its input_ids is about this model's text_input (the name the client sent)."""
+    message = err.message() if callable(getattr(err, "message", None)) else str(err)
+    if not message.startswith("input_ids: "):
+        return err
+    try:
+        return pb_utils.TritonError("text_input: " + message.removeprefix("input_ids: "), err.code())
+    except Exception:
+        return err
+
+
 class BLSTextModel:
     def initialize(self, args):
         self.prompter = TextPrompter(args["model_config"])
@@ -73,7 +84,8 @@ class BLSTextModel:
             bls = pb_utils.InferenceRequest(model_name=ENGINE, inputs=inputs, requested_output_names=self.outputs)
             for response in bls.exec(decoupled=True):
                 if response.has_error():
-                    sender.send(pb_utils.InferenceResponse(output_tensors=[], error=response.error()), flags=final)
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[], error=_as_text_error(response.error())),
+                                flags=final)
                     return
                 if not cancelled and sender.is_cancelled():
                     cancelled = True

@@ -202,15 +202,25 @@ def _batch_size_of(name: str, arr: np.ndarray) -> int:
 
 
 # -- the inputs -------------------------------------------------------------------------------------------
-def text_input(get: Getter, name: str = "text_input") -> str:
-    """One prompt's text (a row getter, or a request of one row)."""
+def text_input(get: Getter, name: str = "text_input", max_bytes: int | None = None) -> str:
+    """One prompt's text (a row getter, or a request of one row); longer than max_bytes is refused
+    before it is decoded or tokenized."""
     sent, v = _Row(get).scalar(name)
     if v is None:
         raise InvalidRequest(name, "is required")
+    check_prompt_bytes(v, name, max_bytes)
     text = decode_utf8(v, name)
     if not text.strip():
         raise InvalidRequest(name, "is empty")
     return text
+
+
+def check_prompt_bytes(raw, name: str, max_bytes: int | None) -> None:
+    if max_bytes is None or not isinstance(raw, (bytes, np.bytes_, str, np.str_)):
+        return
+    size = len(raw.encode("utf-8")) if isinstance(raw, str) else len(raw)
+    if size > max_bytes:
+        raise InvalidRequest(name, f"has {size} bytes, more than max_prompt_bytes ({max_bytes})")
 
 
 def stop_words(get: Getter) -> tuple[str, ...]:
@@ -336,12 +346,12 @@ def _rows(get: Getter, lead: str) -> list[Getter]:
     return batch_rows(get, _batch_size_of(lead, arr))
 
 
-def text_prompts(get: Getter) -> list[str]:
+def text_prompts(get: Getter, max_prompt_bytes: int | None = None) -> list[str]:
     """The B prompt texts of a text-model request, after validating every input of every row."""
     rows = _rows(get, "text_input")
     texts = []
     for row in rows:
-        texts.append(text_input(row))
+        texts.append(text_input(row, max_bytes=max_prompt_bytes))
         _sampling(_Row(row), default_max_tokens=1)
         _Row(row).bool("apply_chat_template", False)
     return texts

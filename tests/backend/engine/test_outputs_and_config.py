@@ -52,3 +52,15 @@ def test_committed_model_repository_matches_its_generator(tmp_path):
     for name, make in gen.CONFIGS.items():
         assert (ROOT / "model_repository" / name / "config.pbtxt").read_text() == make(), \
             f"{name}/config.pbtxt drifted: run python scripts/generate_model_repository.py"
+
+
+def test_max_prompt_tokens_refuses_a_longer_prompt_naming_input_ids():
+    from kvshare.engine.engine import LLMEngine
+    from kvshare.engine.outputs import InvalidRequest
+    from kvshare.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model="dummy:tiny-llama", num_pages=16, page_size=4, max_prompt_tokens=8))
+    engine.validate(list(range(3, 11)), SamplingParams(max_tokens=2))
+    with pytest.raises(InvalidRequest, match=r"^input_ids: the prompt has 9 tokens, more than max_prompt_tokens \(8\)"):
+        engine.validate(list(range(3, 12)), SamplingParams(max_tokens=2))
+    assert EngineConfig.from_mapping({"max_prompt_tokens": "none"}).max_prompt_tokens is None

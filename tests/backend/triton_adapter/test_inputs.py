@@ -70,7 +70,7 @@ def test_text_input_errors(raw):
 # -- TRT-LLM contract: aliases, refusals, batches, beams -------------------------------------------------
 from kvshare.triton_adapter import contract  # noqa: E402
 from kvshare.triton_adapter.inputs import generation_requests, text_prompts  # noqa: E402
-from kvshare.triton_adapter.text_prompt import TextPrompter, pad_rows  # noqa: E402
+from kvshare.triton_adapter.text_prompt import PromptLimits, TextPrompter, pad_rows  # noqa: E402
 
 IDS = np.array([[1, 2]], np.int32)
 
@@ -253,7 +253,7 @@ class _Tok:
 
 def _prompter():
     p = TextPrompter.__new__(TextPrompter)
-    p.tokenizer, p.default_chat, p.params = _Tok(), False, {}
+    p.tokenizer, p.default_chat, p.params, p.limits = _Tok(), False, {}, PromptLimits()
     return p
 
 
