@@ -51,6 +51,9 @@ ADMISSION_POLICIES: tuple[str, ...] = ("cache_aware", "fcfs")
 DEFAULT_MAX_ADMISSION_SKIPS = 32
 # Waiting requests probed per step; the rest wait in arrival order (SGLang: FCFS past 128).
 DEFAULT_ADMISSION_PROBE_LIMIT = 128
+# Queued requests at the head whose disk-tier pages are staged in host slots while they wait; reads per
+# step are capped at half the host slots so that staging one prompt cannot flush the next one's pages.
+PREFETCH_WINDOW = 4
 
 
 class Scheduler:
@@ -106,6 +109,7 @@ class Scheduler:
         self._prefill_keys: dict[int, tuple[bytes, ...]] = {}
         self._computing: dict[bytes, int] = {}
         self._arrivals = itertools.count()
+        self._fetching: frozenset[int] = frozenset()   # waiting sequences whose disk pages are being read
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -164,6 +168,7 @@ class Scheduler:
         if not self._waiting:
             self._admission_deferrals = 0  # the delay counts from the first step anyone waits in
         step = _StepBuilder(self.max_step_tokens)
+        self._fetching = self._prefetch_waiting()
         self._schedule_decodes(step)
         self._schedule_prefills(step)
         if not step.preempted and self._room_to_admit(step):  # a step that had to preempt has no room
@@ -177,7 +182,25 @@ class Scheduler:
         rejected, self._rejected = tuple(self._rejected), []
         self._debug_check()
         spills, loads = self.kv.take_transfers()
-        return StepPlan(chunks, tuple(step.copies), tuple(step.preempted), rejected, spills, loads)
+        writes, reads, deletes = self.kv.take_disk_work()
+        return StepPlan(chunks, tuple(step.copies), tuple(step.preempted), rejected, spills, loads,
+                        writes, reads, deletes)
+
+    def _prefetch_waiting(self) -> frozenset[int]:
+        """Stage the queue head's disk pages in host slots; the ids of those still being read (their
+        admission waits for the reads: it would recompute those pages otherwise)."""
+        if self.kv.disk is None or not self._waiting:
+            return frozenset()
+        budget = max(1, self.kv.host.num_slots // 2)
+        fetching = []
+        for seq in itertools.islice(self._waiting.values(), PREFETCH_WINDOW):
+            if seq.num_pending:
+                continue
+            pending, issued = self.kv.prefetch(seq.token_ids, seq.salt, max_reads=budget)
+            budget -= issued
+            if pending:
+                fetching.append(seq.seq_id)
+        return frozenset(fetching)
 
     def _schedule_decodes(self, step: _StepBuilder) -> None:
         for seq in [s for s in self._running.values() if s.remaining == 1]:
@@ -245,6 +268,8 @@ class Scheduler:
     def _admit(self, seq: Sequence, step: _StepBuilder) -> bool:
         if seq.num_pending:
             return False  # preempted with a token still on the device: resolve() runs before the next step
+        if seq.seq_id in self._fetching:
+            return False  # its prefix is coming back from disk (a few ms): wait rather than recompute it
         fork = self._fork_source(seq)
         if fork == -1:
             return False  # the parent has not computed the shared prompt yet: wait for it (it runs)
