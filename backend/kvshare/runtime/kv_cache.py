@@ -20,6 +20,21 @@ class KVCache:
     host_k: tuple[torch.Tensor, ...] = ()
     host_v: tuple[torch.Tensor, ...] = ()
 
+    def page_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every per-layer tensor indexed by page first ([num_pages, ...]): what a page is. Tier copies
+        move pages as these opaque tensors, never K and V by name (a KV dtype with per-page scales
+        appends its scale tensors here and in host_page_tensors, in the same order)."""
+        return (*self.k, *self.v)
+
+    def host_page_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The host tier's counterpart of page_tensors(): [host_pages, ...] each, same order and shapes."""
+        return (*self.host_k, *self.host_v)
+
+    @property
+    def host_page_bytes(self) -> int:
+        """Bytes of one page over all its tensors (a host slot, a disk file's body)."""
+        return sum(t[0].numel() * t.element_size() for t in self.host_page_tensors())
+
     @property
     def host_pages(self) -> int:
         return self.host_k[0].shape[0] if self.host_k else 0

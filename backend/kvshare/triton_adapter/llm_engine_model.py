@@ -177,6 +177,7 @@ class LLMEngineModel:
         log.info("kvshare engine shutting down: %d responses sent for %d tokens", self.pump.responses_sent,
                  self.pump.tokens_sent)
         self.loop.shutdown()
+        self.engine.close()      # the disk tier's writes in flight land, so a restart finds them
         self.pump.close()
         self.publisher.close()
 
