@@ -54,11 +54,8 @@ max_batch_size: {C.ENGINE_MAX_BATCH_SIZE}
 model_transaction_policy {{ decoupled: true }}
 ''' + inputs(C.ENGINE) + outputs(C.ENGINE) + '''instance_group [ { count: 1, kind: KIND_CPU } ]
 # Engine settings (kvshare.engine.engine_config.EngineConfig); KVSHARE_<NAME> environment variables override them.
-parameters { key: "page_size" value: { string_value: "16" } }
-parameters { key: "kv_cache_memory_gb" value: { string_value: "1.0" } }
-parameters { key: "max_running" value: { string_value: "32" } }
-parameters { key: "default_max_tokens" value: { string_value: "128" } }
-'''
+''' + "".join(f'parameters {{ key: "{p.name}" value: {{ string_value: "{p.default}" }} }}\n'
+              for p in C.ENGINE_PARAMETERS)
 
 
 PREPROCESSING_OUTPUTS = [C.Tensor("input_ids", "TYPE_INT32", (-1,), frozenset(), "tokens", ""),

@@ -303,6 +303,27 @@ def _dims(d: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(x) for x in d) + "]"
 
 
+@dataclass(frozen=True)
+class EngineParameter:
+    """A `parameters` entry of llm_engine's config.pbtxt (an EngineConfig field; KVSHARE_<NAME> overrides it)."""
+    name: str
+    default: str
+    doc: str
+
+
+ENGINE_PARAMETERS: tuple[EngineParameter, ...] = (
+    EngineParameter("page_size", "16", "tokens per KV page"),
+    EngineParameter("kv_cache_memory_gb", "1.0", "the GPU page pool's size (num_pages overrides it)"),
+    EngineParameter("max_running", "32", "requests in the running batch at most"),
+    EngineParameter("default_max_tokens", "128", "max_tokens of a request that sends none"),
+    EngineParameter("host_cache_memory_gb", "0", "host tier below the pool (pinned memory on CUDA); 0 = off. Pays "
+                    "when prefixes come back after the pool evicted them (docs/tiers.md)"),
+    EngineParameter("disk_cache_dir", "", "disk tier below the host tier: a directory of page files that outlives "
+                    "the server; empty = off; needs host_cache_memory_gb > 0; one server per directory"),
+    EngineParameter("disk_cache_gb", "16", "the disk tier's size bound (least recently written or used pages go)"),
+)
+
+
 def render_markdown() -> str:
     """docs/contract.md: TRT-LLM / vLLM name -> kvshare behaviour, from this table."""
     def models(t: Tensor) -> str:
@@ -371,4 +392,10 @@ def render_markdown() -> str:
     from .vllm_params import KEY_DOCS
     for key, doc in KEY_DOCS.items():
         lines.append(f"| `{key}` | {doc} |")
+    lines += ["", "## `llm_engine` parameters (config.pbtxt; `KVSHARE_<NAME>` environment variables override them)", "",
+              "Every `EngineConfig` field may be set this way (`backend/kvshare/engine/engine_config.py`); these are",
+              "the ones the generated config spells out.", "", "| parameter | default | meaning |", "|---|---|---|"]
+    for p in ENGINE_PARAMETERS:
+        default = p.default or '""'
+        lines.append(f"| `{p.name}` | `{default}` | {p.doc} |")
     return "\n".join(lines) + "\n"

@@ -174,3 +174,11 @@ def test_docs_contract_md_is_generated_from_the_table():
     text = (ROOT / "docs" / "contract.md").read_text()
     for name in list(TRTLLM_BLS_INPUTS) + list(OLD_NAMES) + list(TRTLLM_OUTPUTS):
         assert f"`{name}`" in text, name
+
+
+def test_engine_parameters_are_engine_config_fields_with_parseable_defaults():
+    from kvshare.engine.engine_config import EngineConfig
+    from kvshare.triton_adapter.contract import ENGINE_PARAMETERS
+
+    config = EngineConfig.from_mapping({p.name: p.default for p in ENGINE_PARAMETERS})
+    assert config.disk_cache_dir == "" and config.host_cache_memory_gb == 0.0 and config.disk_cache_gb == 16.0
