@@ -46,6 +46,9 @@ OFFLINE = (PY, "perf/engine/offline_benchmark.py", "--model", "dummy:llama-2-7b"
 # SGLang's generated-shared-prefix (64 groups x 16 requests, 2,048-token system prompt + 128-token
 # question, 256 out) sent at once; cache-aware admission orders the queue.
 SHARED = ("--open-loop", "--max-running", "256", "--admission", "cache_aware", "--step-profile")
+# The disk tier's files: on the machine's disk, outside {out} (whose files are copied back); the
+# benchmark makes a fresh subdirectory per run and removes it.
+TIER_DISK_DIR = "/tmp/kvshare-tier-disk"
 # The kernel tests in parallel when pytest-xdist is there (it compiles many small kernel variants).
 KERNEL_TESTS = ("bash", "-c", 'n=""; ' + PY + ' -c "import xdist" 2>/dev/null && n="-n 4"; exec ' + PY
                 + ' -m pytest tests/kernels -q -p no:cacheprovider $n')
@@ -144,15 +147,18 @@ SUITES: tuple[Suite, ...] = (
                     result="profile_shared_prefix.json")),
           minutes=4),
     Suite("tier",
-          "the host tier: shared-prefix (1,024 requests, delay 8) in a 20 GB pool too small for its 64 system "
-          "prompts, without a host tier, with 64 GB of host pages (pages seen twice), and spilling every page",
-          (offline("host0", 280, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
+          "the KV tiers: shared-prefix (1,024 requests, delay 8) in a 20 GB pool too small for its 64 system "
+          "prompts, with no tier, with 16 GB of host pages, and with the same host tier over a 32 GB disk tier "
+          "(page files in /tmp, written through in the background); prompt tokens computed, TTFT, tok/s",
+          (offline("none", 190, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
                    "--admission-delay", "8", "--host-cache-gb", "0"),
-           offline("host64", 280, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
-                   "--admission-delay", "8", "--host-cache-gb", "64", "--host-min-hits", "1"),
-           offline("host64-all", 280, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
-                   "--admission-delay", "8", "--host-cache-gb", "64", "--host-min-hits", "0")),
-          minutes=10, note="not run on a GPU yet: minutes estimated; split with --only over two commands"),
+           offline("host", 190, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
+                   "--admission-delay", "8", "--host-cache-gb", "16"),
+           offline("host-disk", 190, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
+                   "--admission-delay", "8", "--host-cache-gb", "16", "--disk-cache-dir", TIER_DISK_DIR,
+                   "--disk-cache-gb", "32")),
+          minutes=6, note="not run on a GPU yet: minutes estimated; each row's log line 'prompt tokens computed' "
+                          "and its JSON (prompt_tokens_computed, tiers) hold the tier counters"),
     Suite("fullstack",
           "the real Triton 2.51 server on the GPU: perf_analyzer and kvshare_client over gRPC streaming vs the "
           "offline engine on the same 256 requests (128 ids -> 128 tokens, c = 64)",

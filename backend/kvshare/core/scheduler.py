@@ -28,6 +28,10 @@ arrivals are admitted together, unless the waiting head is a preempted sequence 
 or a quarter of max_running is free (the batch is draining). A step with no room to admit anyone
 does not count. The analogues are vLLM's --scheduler-delay-factor and SGLang's
 --num-continuous-decode-steps.
+
+Disk tier prefetch: each step first stages the disk pages of the first PREFETCH_WINDOW waiting
+requests in host slots (KVCacheManager.prefetch). A request whose reads are in flight is not
+admitted (it would recompute those pages) and does not block the others: they are admitted past it.
 """
 
 from __future__ import annotations
@@ -251,7 +255,7 @@ class Scheduler:
         for seq in ordered:
             if not self._room_to_admit(step):
                 break
-            if self._deferred(seq):
+            if self._deferred(seq) or seq.seq_id in self._fetching:
                 continue
             if not self._admit(seq, step):
                 break  # nobody overtakes a head that does not fit (the starvation bound relies on it)
@@ -262,7 +266,10 @@ class Scheduler:
 
     def _admit_fcfs(self, step: _StepBuilder) -> None:
         while self._room_to_admit(step):
-            if not self._admit(next(iter(self._waiting.values())), step):
+            # a request whose pages are coming back from disk lets the next go first (as vLLM does
+            # with one waiting for remote KV): a wait of milliseconds should not stall the batch
+            head = next((s for s in self._waiting.values() if s.seq_id not in self._fetching), None)
+            if head is None or not self._admit(head, step):
                 return  # nobody overtakes the head of the queue
 
     def _admit(self, seq: Sequence, step: _StepBuilder) -> bool:
