@@ -46,15 +46,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def checkout_engine_repository(where: Path) -> Path:
+    """A model repository with only llm_engine whose entry point imports this checkout's kvshare.
+
+    The Python backend's stub starts its interpreter ignoring the environment (sys.flags.ignore_environment
+    is 1 there), so PYTHONPATH does not reach it and `import kvshare` finds whatever the venv's
+    install points at, which may be another checkout. The entry point here puts this checkout first."""
+    model = where / "llm_engine"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text((ROOT / "model_repository" / "llm_engine" / "config.pbtxt").read_text())
+    paths = [str(ROOT / sub) for sub in ("backend", "kernels", "client")]
+    (model / "1" / "model.py").write_text(
+        f"import sys\nsys.path[:0] = {paths!r}\n"
+        "from kvshare.triton_adapter.llm_engine_model import LLMEngineModel as TritonPythonModel  # noqa: E402,F401\n")
+    return where
+
+
 @contextlib.contextmanager
 def own_llm_engine_server(env: dict[str, str], name: str) -> Iterator[object]:
-    """A real Triton server of a test module's own, on free ports, with only llm_engine loaded and
-    the engine settings in env (KVSHARE_*); yields its launch.ServerAddress, stops it after."""
+    """A real Triton server of a test module's own, on free ports, with only llm_engine loaded (this
+    checkout's code) and the engine settings in env (KVSHARE_*); yields its launch.ServerAddress,
+    stops it after."""
     from kvshare import launch
 
     addr = launch.ServerAddress("127.0.0.1", free_port(), free_port(), free_port())
-    log_path = Path(tempfile.mkdtemp(prefix=f"kvshare-{name}-server-")) / "tritonserver.log"
-    proc = launch.start(ROOT / "model_repository", addr, log_path=log_path, extra_env=env,
+    work = Path(tempfile.mkdtemp(prefix=f"kvshare-{name}-server-"))
+    log_path = work / "tritonserver.log"
+    proc = launch.start(checkout_engine_repository(work / "models"), addr, log_path=log_path, extra_env=env,
                         extra_args=["--model-control-mode=explicit", "--load-model=llm_engine",
                                     "--exit-timeout-secs=10"])
     try:
