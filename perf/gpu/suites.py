@@ -147,14 +147,17 @@ SUITES: tuple[Suite, ...] = (
                     result="profile_shared_prefix.json")),
           minutes=4),
     Suite("tier",
-          "the KV tiers: shared-prefix (1,024 requests, delay 8) in a 20 GB pool too small for its 64 system "
-          "prompts, with no tier, with 16 GB of host pages, and with the same host tier over a 32 GB disk tier "
-          "(page files in /tmp, written through in the background); prompt tokens computed, TTFT, tok/s",
-          (offline("none", 190, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
+          "the KV tiers: shared-prefix (512 requests, all 64 system prompts, delay 8) in a 20 GB pool too small "
+          "for them, with no tier, with 16 GB of host pages, and with the same host tier over a 32 GB disk tier "
+          "(page files in /tmp, written through in the background): prompt tokens computed, TTFT p50/p95, tok/s; "
+          "first the tier tests on CUDA (copy stream, events, restart from disk)",
+          (Stage("tests", (PY, "-m", "pytest", "tests/backend/runtime/test_page_transfer.py",
+                           "tests/backend/engine/test_host_tier_engine.py", "-q", "-p", "no:cacheprovider"), 60),
+           offline("none", 170, "--workloads", "shared-prefix:512:", *SHARED, "--kv-gb", "20",
                    "--admission-delay", "8", "--host-cache-gb", "0"),
-           offline("host", 190, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
+           offline("host", 170, "--workloads", "shared-prefix:512:", *SHARED, "--kv-gb", "20",
                    "--admission-delay", "8", "--host-cache-gb", "16"),
-           offline("host-disk", 190, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
+           offline("host-disk", 170, "--workloads", "shared-prefix:512:", *SHARED, "--kv-gb", "20",
                    "--admission-delay", "8", "--host-cache-gb", "16", "--disk-cache-dir", TIER_DISK_DIR,
                    "--disk-cache-gb", "32")),
           minutes=6, note="not run on a GPU yet: minutes estimated; each row's log line 'prompt tokens computed' "
