@@ -170,10 +170,10 @@ class DiskStore:
 
     def _write_file(self, path: Path, head: bytes, views) -> None:
         if self._kvikio is not None:
+            import numpy as np
             with self._kvikio.CuFile(path, "w") as f:
-                f.write(head)   # small; then the body at its offset, split over KvikIO's threads
-                offset = len(head)
-                futures = []
+                # the header and each tensor at its offset, split over KvikIO's own threads
+                futures, offset = [f.pwrite(np.frombuffer(head, dtype=np.uint8), file_offset=0)], len(head)
                 for v in views:
                     futures.append(f.pwrite(v, file_offset=offset))
                     offset += v.nbytes
@@ -207,14 +207,17 @@ def _unlink(path: str) -> None:
 
 
 def _kvikio_works(kvikio, directory: Path) -> bool:
-    """KvikIO imports on a machine without a GPU yet fails its first I/O (no libcuda): try one."""
-    probe = directory / f".kvikio-probe.{os.getpid()}.tmp"
+    """KvikIO imports on a machine without a GPU yet fails its first I/O (no libcuda): write and read
+    one small page file through the same calls the store makes, and use KvikIO only if that works."""
+    probe = DiskStore.__new__(DiskStore)
+    probe.fingerprint, probe.dir, probe._kvikio = "probe", directory, kvikio
+    key = b"kvikio-probe"
     try:
-        import numpy as np
-        with kvikio.CuFile(probe, "w") as f:
-            f.pwrite(np.zeros(16, dtype=np.uint8)).get()
-        return True
+        data = torch.arange(64, dtype=torch.uint8)
+        probe.write(key, b"", b"", (), [data])
+        back = torch.zeros(64, dtype=torch.uint8)
+        return probe.read_into(key, [back]) and torch.equal(back, data)
     except Exception:
         return False
     finally:
-        _unlink(str(probe))
+        _unlink(str(probe.path(key)))
