@@ -3,13 +3,15 @@
     <dir>/<layout fingerprint>/<page key hex>.kvpage
     file = MAGIC (8) | meta length (u32 LE) | meta (JSON) | digest (16) | body
     meta = {"fingerprint", "key", "parent", "salt", "tokens", "body"}        body = the page's tensors
-    digest = blake2b-128(meta + body)
+    digest = SHA-256(meta + body), first 16 bytes
 
 The layout fingerprint names the model, the KV dtype, the page size and every page tensor's shape
 and dtype (KVCache.page_tensors), so a file written for another layout is never read as this one's:
 it lives in another subdirectory, and its header is checked again on every read. A file is written
 to a temporary name and renamed (a crash leaves a *.tmp, which scan() deletes, never a torn page);
 a read whose digest, length or header does not match is a miss (DiskTier.read_done(ok=False)).
+SHA-256 because OpenSSL runs it on the CPU's SHA instructions: on the 2-core CPU machine (loaded)
+it hashed 8 MiB (one Llama-2-7B fp16 page of 16 tokens) in 19 ms, blake2b in 53 ms, CRC-32 in 14 ms.
 Not fsynced: the tier survives a process restart; after a power loss the checksum turns a torn page
 into a miss. Bytes go through KvikIO (kvikio.CuFile, its thread pool, POSIX or GPUDirect Storage)
 when it is importable and usable, else through os.pwrite / os.preadv.
@@ -89,10 +91,10 @@ class DiskStore:
         views = [_bytes_of(t) for t in tensors]
         body = sum(v.nbytes for v in views)
         meta = self._meta(key, parent_key, salt, tokens, body)
-        digest = hashlib.blake2b(meta, digest_size=_DIGEST)
+        digest = hashlib.sha256(meta)
         for v in views:
             digest.update(v)              # hashlib releases the GIL on large buffers
-        head = MAGIC + _LEN.pack(len(meta)) + meta + digest.digest()
+        head = MAGIC + _LEN.pack(len(meta)) + meta + digest.digest()[:_DIGEST]
         final = self.path(key)
         tmp = final.with_name(f"{final.name}.{os.getpid()}.tmp")
         self._write_file(tmp, head, views)
@@ -121,10 +123,10 @@ class DiskStore:
                     return False
         except (OSError, ValueError, KeyError):
             return False
-        digest = hashlib.blake2b(meta, digest_size=_DIGEST)
+        digest = hashlib.sha256(meta)
         for v in views:
             digest.update(v)
-        return digest.digest() == want
+        return digest.digest()[:_DIGEST] == want
 
     def delete(self, key: bytes) -> None:
         try:
