@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.disk_tier import DiskTier
+from ..core.disk_tier import DiskTier, IndexedPage
 from ..core.host_tier import HostTier
 from ..core.kv_cache_manager import KVCacheManager
 from ..core.scheduler import Scheduler
-from ..core.types import DiskWrite, PoolStats, StepPlan
+from ..core.types import PoolStats, StepPlan
 from ..runtime.cascade_planner import CascadePolicy
 from ..runtime.cuda_graph_runner import graph_batch_sizes, kernel_debug
 from ..runtime.disk_io import DiskIO
@@ -137,7 +137,7 @@ class LLMEngine:
                                          "blake2b_128", extra=f"dtype={config.dtype}{seed}")
         store = DiskStore(config.disk_cache_dir, fingerprint)
         tier = DiskTier(max(1, int(config.disk_cache_gb * 2**30) // self.kv.host_page_bytes))
-        found = tier.warm(store.scan())
+        found = tier.warm(IndexedPage(h.key, h.parent_key, h.salt, h.tokens) for h in store.scan())
         log.info("KV disk tier: %d pages (%.1f GiB) in %s, %d found from before, %s I/O", tier.num_pages,
                  config.disk_cache_gb, store.dir, found, store.io_library)
         return tier, DiskIO(store, self.kv.host_page_tensors())
@@ -147,8 +147,8 @@ class LLMEngine:
         if self.disk_io is None:
             return
         kv = self.scheduler.kv
-        for job, ok in self.disk_io.poll():
-            if isinstance(job, DiskWrite):
+        for job, is_write, ok in self.disk_io.poll():
+            if is_write:
                 kv.on_disk_written(job, ok)
             else:
                 kv.on_disk_read(job, ok)

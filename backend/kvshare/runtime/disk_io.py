@@ -18,13 +18,26 @@ import queue
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import torch
 
-from ..core.types import DiskRead, DiskWrite
 from .disk_store import DiskStore
 
 log = logging.getLogger("kvshare.runtime")
+
+
+class DiskRead(Protocol):
+    """A fill: the file of `key` into host slot `slot` (core.types.DiskRead has these fields)."""
+    key: bytes
+    slot: int
+
+
+class DiskWrite(DiskRead, Protocol):
+    """Host slot `slot` to the file of `key`, with the header's fields (core.types.DiskWrite)."""
+    parent_key: bytes
+    salt: bytes
+    tokens: tuple[int, ...]
 
 
 class DiskIO:
@@ -34,7 +47,8 @@ class DiskIO:
         self.store = store
         self._tensors = tuple(host_tensors)
         self._shards = [ThreadPoolExecutor(1, thread_name_prefix=f"kvshare-disk{i}") for i in range(workers)]
-        self._done: queue.SimpleQueue[tuple[DiskWrite | DiskRead, bool]] = queue.SimpleQueue()
+        # (job, is_write, ok): the caller's own job objects come back
+        self._done: queue.SimpleQueue[tuple[DiskWrite | DiskRead, bool, bool]] = queue.SimpleQueue()
         self._inflight = 0
         self._idle = threading.Condition()
         self.bytes_written = 0          # written by workers; read on the engine thread (ints: atomic)
@@ -54,8 +68,8 @@ class DiskIO:
         for read in reads:
             self._shard(read.key).submit(self._read, read, after)
 
-    def poll(self) -> list[tuple[DiskWrite | DiskRead, bool]]:
-        """Jobs finished since the last call (never blocks)."""
+    def poll(self) -> list[tuple[DiskWrite | DiskRead, bool, bool]]:
+        """(job, is_write, ok) of the jobs finished since the last call (never blocks)."""
         done = []
         while True:
             try:
@@ -91,7 +105,7 @@ class DiskIO:
             ok = True
         except Exception:      # a full or failing disk costs the page, never the engine
             log.exception("disk tier: writing page %s failed", job.key.hex())
-        self._finish(job, ok)
+        self._finish(job, True, ok)
 
     def _read(self, job: DiskRead, after: torch.cuda.Event | None) -> None:
         ok = False
@@ -107,10 +121,10 @@ class DiskIO:
                             job.key.hex())
         except Exception:
             log.exception("disk tier: reading page %s failed", job.key.hex())
-        self._finish(job, ok)
+        self._finish(job, False, ok)
 
-    def _finish(self, job: DiskWrite | DiskRead, ok: bool) -> None:
-        self._done.put((job, ok))
+    def _finish(self, job: DiskWrite | DiskRead, is_write: bool, ok: bool) -> None:
+        self._done.put((job, is_write, ok))
         with self._idle:
             self._inflight -= 1
             if self._inflight == 0:

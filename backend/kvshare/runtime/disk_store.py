@@ -24,11 +24,10 @@ import logging
 import os
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from ..core.disk_tier import IndexedPage
 
 log = logging.getLogger("kvshare.runtime")
 
@@ -36,6 +35,15 @@ MAGIC = b"KVSPAGE1"
 SUFFIX = ".kvpage"
 _DIGEST = 16
 _LEN = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class PageHeader:
+    """What a page file says about its page (the engine indexes it as core's IndexedPage)."""
+    key: bytes
+    parent_key: bytes
+    salt: bytes
+    tokens: tuple[int, ...]
 
 
 def layout_fingerprint(model: str, model_config: object, page_tensors: Sequence[torch.Tensor], page_size: int,
@@ -134,10 +142,10 @@ class DiskStore:
         except FileNotFoundError:
             pass
 
-    def scan(self) -> list[IndexedPage]:
+    def scan(self) -> list[PageHeader]:
         """The pages in the directory, oldest first (by modification time), read from their headers;
         leftover temporary files and unreadable headers are deleted. Bodies are checked on read."""
-        found: list[tuple[int, IndexedPage]] = []
+        found: list[tuple[int, PageHeader]] = []
         for entry in os.scandir(self.dir):
             if entry.name.endswith(".tmp"):
                 _unlink(entry.path)
@@ -152,7 +160,7 @@ class DiskStore:
         found.sort(key=lambda item: item[0])
         return [page for _, page in found]
 
-    def _header(self, path: str) -> IndexedPage | None:
+    def _header(self, path: str) -> PageHeader | None:
         try:
             with open(path, "rb") as f:
                 head = f.read(len(MAGIC) + _LEN.size)
@@ -165,7 +173,7 @@ class DiskStore:
             size = os.path.getsize(path)
             if size != len(head) + meta_len + _DIGEST + info["body"]:
                 return None                                   # truncated
-            return IndexedPage(bytes.fromhex(info["key"]), bytes.fromhex(info["parent"]), bytes.fromhex(info["salt"]),
+            return PageHeader(bytes.fromhex(info["key"]), bytes.fromhex(info["parent"]), bytes.fromhex(info["salt"]),
                                tuple(int(t) for t in info["tokens"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None

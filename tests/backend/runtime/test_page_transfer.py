@@ -142,16 +142,17 @@ def test_disk_io_runs_jobs_off_the_caller_and_keeps_one_keys_order(tmp_path):
     key = b"\x05" * 16
     io.submit([DiskWrite(key, 3, b"p" * 16, b"", (1, 2, 3, 4))], [], [], None)
     assert io.flush(30)
-    ((job, ok),) = io.poll()
-    assert ok and job.key == key and io.poll() == []
+    ((job, is_write, ok),) = io.poll()
+    assert ok and is_write and job.key == key and io.poll() == []
     io.submit([DiskWrite(key, 4, b"p" * 16, b"", (1, 2, 3, 4))], [DiskRead(key, 6)], [key], None)   # delete first
     assert io.flush(30)
     done = io.poll()
-    assert [type(j).__name__ for j, _ in done] == ["DiskWrite", "DiskRead"] and all(ok for _, ok in done)
+    assert [(type(j).__name__, w) for j, w, _ in done] == [("DiskWrite", True), ("DiskRead", False)]
+    assert all(ok for _, _, ok in done)
     for slots in kv.host_page_tensors():
         assert torch.equal(slots[6], slots[4])                     # the read saw the rewrite, not a deleted file
     io.submit([], [DiskRead(b"\x06" * 16, 1)], [], None)
-    assert io.flush(30) and io.poll()[0][1] is False
+    assert io.flush(30) and io.poll()[0][2] is False
     io.close()
     assert io.bytes_written == 2 * kv.host_page_bytes and io.bytes_read == kv.host_page_bytes
 
