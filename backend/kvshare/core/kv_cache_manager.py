@@ -294,13 +294,15 @@ class KVCacheManager:
         self._disk_reads.clear()
         return writes, reads, self.disk.take_deletes()
 
-    def prefetch(self, token_ids: Sequence[int], salt: bytes, *, max_reads: int) -> tuple[int, int]:
+    def prefetch(self, token_ids: Sequence[int], salt: bytes, *, max_reads: int,
+                 keys: Sequence[bytes] | None = None) -> tuple[int, int]:
         """Stage a queued prompt's disk pages in host slots: (this prompt's pages being filled now,
         reads issued by this call, at most max_reads). Only the run right after what the GPU pool
-        and the host tier hold is fetched; admission waits while the first number is > 0."""
+        and the host tier hold is fetched; admission waits while the first number is > 0.
+        keys: the prompt's page_keys() when the caller has them (saves hashing it every step)."""
         if self.disk is None or not (self.disk.num_ready or self.host.num_filling) or len(token_ids) < 2:
             return 0, 0
-        keys = self.page_keys(token_ids, salt)
+        keys = self.page_keys(token_ids, salt) if keys is None else keys
         size = self.page_size
         pending = issued = 0
         on_gpu = self.prefix.probe(keys, salt)
@@ -470,6 +472,8 @@ class KVCacheManager:
 
     def _count_faults(self, num_prompt: int, gpu_pages: int, host_pages: int, disk_pages: int) -> None:
         """host_pages: loaded from host slots, disk_pages of them filled from the disk tier."""
+        if not self.enable_prefix_caching:
+            return
         lookups = (num_prompt - 1) // self.page_size      # full pages before the last token's
         self.faults_gpu_total += lookups - gpu_pages
         self.faults_host_total += lookups - gpu_pages - host_pages + disk_pages

@@ -200,7 +200,9 @@ class Scheduler:
         for seq in itertools.islice(self._waiting.values(), PREFETCH_WINDOW):
             if seq.num_pending:
                 continue
-            pending, issued = self.kv.prefetch(seq.token_ids, seq.salt, max_reads=budget)
+            info = self._fresh.get(seq.seq_id)      # cache_aware has hashed the prompt already
+            pending, issued = self.kv.prefetch(seq.token_ids, seq.salt, max_reads=budget,
+                                               keys=info.page_keys if info is not None else None)
             budget -= issued
             if pending:
                 fetching.append(seq.seq_id)

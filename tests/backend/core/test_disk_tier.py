@@ -188,7 +188,8 @@ def test_random_host_operations_with_disk_jobs_never_reuse_a_busy_slot(num_slots
         host.check_integrity()
 
 
-def test_a_queued_prompt_waits_for_its_disk_pages_and_lets_the_next_go_first():
+@pytest.mark.parametrize("admission", ["fcfs", "cache_aware"])
+def test_a_queued_prompt_waits_for_its_disk_pages_and_lets_the_next_go_first(admission):
     from kvshare.core.scheduler import Scheduler
 
     kv = KVCacheManager(16, 4, host_tier=HostTier(8), disk_tier=DiskTier(32))
@@ -196,7 +197,8 @@ def test_a_queued_prompt_waits_for_its_disk_pages_and_lets_the_next_go_first():
     keys = kv.page_keys(prompt, b"")
     parents = [kv.prefix.root_key(b""), *keys[:-1]]
     kv.disk.warm(IndexedPage(k, p, b"", tuple(prompt[4 * j:4 * j + 4])) for j, (k, p) in enumerate(zip(keys, parents)))
-    sched = Scheduler(kv, max_running=4, max_step_tokens=64, max_prefill_chunk=64, debug_checks=True)
+    sched = Scheduler(kv, max_running=4, max_step_tokens=64, max_prefill_chunk=64, debug_checks=True,
+                      admission=admission)
     sched.add(1, prompt, max_new_tokens=2)
     sched.add(2, list(range(100, 106)), max_new_tokens=2)
     plan = sched.schedule()
