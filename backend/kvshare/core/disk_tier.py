@@ -93,6 +93,10 @@ class DiskTier:
         self._writing[key] = DiskPage(parent_key, salt, tuple(tokens))
         return True
 
+    def can_write(self) -> bool:
+        """Another write may start now (fewer than max_inflight_writes in flight)."""
+        return len(self._writing) < self.max_inflight_writes
+
     def write_done(self, key: bytes, ok: bool) -> None:
         page = self._writing.pop(key)
         if ok:

@@ -226,6 +226,7 @@ class KVCacheManager:
         table = [entry.page for entry in match.full] + fresh
         record = _SeqPages(salt, table, list(match.full), num_committed=num_cached)
         self._load(record, host_run, slots, fresh)
+        self._back_up(match.full)
         self._seqs[seq_id] = record
         self.prefix_queries_tokens_total += len(token_ids)
         self.prefix_hits_tokens_total += num_cached
@@ -464,6 +465,24 @@ class KVCacheManager:
                         self._spills.append((entry.page, slot))
                         self._write_through(entry.key, entry.parent.key, entry.salt, entry.tokens, slot)
         self.prefix.drop(page)
+
+    def _back_up(self, hits: Sequence[CachedPage]) -> None:
+        """With a disk tier, a GPU page that admissions share (host_min_hits) is copied to a host slot
+        and written through while it is still cached (SGLang's write-through on hit count): a hot
+        system prompt is the one the pool never evicts, and it must survive a restart too. Pages
+        on disk or being written are skipped, so each hot page is copied about once."""
+        if self.disk is None:
+            return
+        for entry in hits:
+            if entry.hits < max(1, self.host_min_hits) or entry.key in self.disk or entry.key in self.host:
+                continue
+            if not self.disk.can_write():
+                return
+            slot = self.host.store(entry.key, entry.parent.key, entry.salt, entry.tokens)
+            if slot is None:
+                return
+            self._spills.append((entry.page, slot))
+            self._write_through(entry.key, entry.parent.key, entry.salt, entry.tokens, slot)
 
     def _write_through(self, key: bytes, parent_key: bytes, salt: bytes, tokens: tuple[int, ...], slot: int) -> None:
         if self.disk is not None and self.disk.want_write(key, parent_key, salt, tokens):

@@ -82,6 +82,19 @@ def test_restart_serves_the_prompt_from_disk(tmp_path, cold, overlap):
     restarted.close()
 
 
+def test_a_hot_prompt_that_never_left_the_gpu_survives_a_restart(tmp_path, cold):
+    first = make_engine(tmp_path, num_pages=64)                               # roomy: nothing is evicted
+    run(first, PROMPT_A, "a")
+    assert first.stats().pool.disk_writes_total == 0                          # not shared yet: not worth a file
+    run(first, PROMPT_A, "shared")                                            # shared: backed up while cached
+    first.close()
+    pool = first.stats().pool
+    assert pool.evictions_total == 0 and pool.disk_writes_total == 7
+    restarted = make_engine(tmp_path, num_pages=64)
+    assert run(restarted, PROMPT_A, "again") == (cold[0], 28)
+    restarted.close()
+
+
 def test_corrupted_and_truncated_files_are_misses(tmp_path, cold):
     first = fill_disk(tmp_path)
     flipped, truncated = key_file(first, tmp_path, 3), key_file(first, tmp_path, 5)
