@@ -371,6 +371,9 @@ class LLMEngine:
             # after the transfers: a write reads a slot this step's spill fills (the event orders it)
             self.disk_io.submit(plan.disk_writes, plan.disk_reads, plan.disk_deletes, self.runner.transfer_done)
         if not plan.chunks:
+            if self.disk_io is not None and self.disk_io.inflight and self._pending is None:
+                # only requests waiting for disk reads: let the workers run instead of spinning
+                self.disk_io.wait_done(0.005)
             return outputs + self._resolve_pending()
         overlap = self.config.overlap_enabled and self._overlap_eligible(plan)
         if not overlap:

@@ -82,6 +82,11 @@ class DiskIO:
         with self._idle:
             return self._idle.wait_for(lambda: self._inflight == 0, timeout)
 
+    def wait_done(self, timeout: float) -> bool:
+        """Wait up to timeout for a job to finish (an engine with nothing else to do: no spinning)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._done.empty() or self._inflight == 0, timeout)
+
     def close(self) -> None:
         self.flush()
         for pool in self._shards:
@@ -127,5 +132,4 @@ class DiskIO:
         self._done.put((job, is_write, ok))
         with self._idle:
             self._inflight -= 1
-            if self._inflight == 0:
-                self._idle.notify_all()
+            self._idle.notify_all()
