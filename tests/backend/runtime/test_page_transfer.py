@@ -184,7 +184,10 @@ def test_engine_restart_from_disk_on_cuda(tmp_path):
                 cached = out.cached_tokens if out.finished else cached
         return tokens, cached
 
-    want, _ = run(engine(64, False), a)
+    roomy = engine(64, False)
+    run(roomy, a)
+    want, hit = run(roomy, a)          # the same shapes as below: 28 tokens cached, the last one computed
+    assert hit == 28
     first = engine(12, True)
     for prompt in (a, a, b):
         run(first, prompt)
