@@ -55,8 +55,8 @@ model_transaction_policy {{ decoupled: true }}
 ''' + inputs(C.ENGINE) + outputs(C.ENGINE) + '''instance_group [ { count: 1, kind: KIND_CPU } ]
 # Engine settings (kvshare.engine.engine_config.EngineConfig, kvshare.engine.data_parallel.ParallelConfig);
 # KVSHARE_<NAME> environment variables override them. Several GPUs: docs/multi-gpu.md.
-''' + "".join(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
-                for key, value, _ in C.ENGINE_PARAMETERS)
+''' + "".join(f'parameters {{ key: "{p.name}" value: {{ string_value: "{p.default}" }} }}\n'
+              for p in C.ENGINE_PARAMETERS)
 
 
 PREPROCESSING_OUTPUTS = [C.Tensor("input_ids", "TYPE_INT32", (-1,), frozenset(), "tokens", ""),

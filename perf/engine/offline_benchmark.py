@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -52,6 +54,8 @@ class Row:
     peak_kv_gb: float | None = None     # peak pages x bytes per page (the KV memory the requests held)
     step_profile: dict | None = None    # --step-profile: seconds per step kind (perf/engine/step_profile.py)
     runs_tok_per_s: list[float] | None = None   # --repeat N > 1: every run's tok/s, in run order
+    prompt_tokens_computed: int | None = None   # prompt tokens not served by any tier (preemptions recompute)
+    tiers: dict | None = None           # host/disk tier counters of the timed requests (when a tier is on)
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -66,6 +70,24 @@ def hit_rate_since(before: PoolStats, after: PoolStats) -> float:
     queries = after.prefix_queries_tokens_total - before.prefix_queries_tokens_total
     hits = after.prefix_hits_tokens_total - before.prefix_hits_tokens_total
     return hits / queries if queries else 0.0
+
+
+def computed_since(before: PoolStats, after: PoolStats) -> int:
+    """Prompt tokens the admissions between two snapshots had to compute (looked up, not served)."""
+    return (after.prefix_queries_tokens_total - before.prefix_queries_tokens_total
+            - (after.prefix_hits_tokens_total - before.prefix_hits_tokens_total))
+
+
+_TIER_COUNTERS = ("host_hits_tokens_total", "disk_hits_tokens_total", "host_spills_total", "host_loads_total",
+                  "host_evictions_total", "disk_writes_total", "disk_reads_total", "disk_evictions_total",
+                  "disk_read_failures_total", "faults_gpu_total", "faults_host_total", "faults_disk_total")
+
+
+def tiers_since(before: PoolStats, after: PoolStats) -> dict | None:
+    if not after.host_pages_total:
+        return None
+    moved = {name: getattr(after, name) - getattr(before, name) for name in _TIER_COUNTERS}
+    return {"host_pages": after.host_pages_total, "disk_pages": after.disk_pages_total, **moved}
 
 
 def _sync(device: torch.device) -> None:
@@ -113,9 +135,24 @@ def warm_up(engine: LLMEngine, trace: Trace, vocab: int) -> None:
 
 def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label: str) -> Row:
     concurrency = len(trace.requests) if args.open_loop else (trace.concurrency or 64)
+    # every run starts with an empty disk tier of its own (a warm one would serve the previous run's pages)
+    disk_dir = ""
+    if args.disk_cache_dir:
+        Path(args.disk_cache_dir).mkdir(parents=True, exist_ok=True)
+        disk_dir = tempfile.mkdtemp(prefix="kvshare-disk-", dir=args.disk_cache_dir)
+    try:
+        return _run_kvshare(loaded, trace, args, sharing, label, concurrency, disk_dir)
+    finally:
+        if disk_dir:
+            shutil.rmtree(disk_dir, ignore_errors=True)
+
+
+def _run_kvshare(loaded: LoadedModel, trace: Trace, args, sharing: bool, label: str, concurrency: int,
+                 disk_dir: str) -> Row:
     cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
                        kv_cache_memory_gb=args.kv_gb, kv_cache_dtype=args.kv_cache_dtype,
                        host_cache_memory_gb=args.host_cache_gb,
+                       disk_cache_dir=disk_dir if sharing else "", disk_cache_gb=args.disk_cache_gb,
                        host_cache_min_hits=args.host_min_hits, max_running=args.max_running or max(trace.concurrency or 64, 1),
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
                        max_model_len=args.max_model_len,
@@ -167,10 +204,15 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
         print(f"   step profile of {label} ({secs:.2f} s):\n{format_summary(steps, secs)}", flush=True)
     pool = engine.stats().pool
     page_bytes = engine.kv.page_size * engine.kv.bytes_per_token
+    engine.close()
     del engine
     thaw()
-    return Row(trace.name, label, len(trace.requests), out_tokens, secs, out_tokens / secs, _pct(ttft, 0.5),
-               _pct(ttft, 0.95), peak, hit_rate_since(warm, pool), round(peak * page_bytes / 1e9, 2), steps)
+    row = Row(trace.name, label, len(trace.requests), out_tokens, secs, out_tokens / secs, _pct(ttft, 0.5),
+              _pct(ttft, 0.95), peak, hit_rate_since(warm, pool), round(peak * page_bytes / 1e9, 2), steps,
+              prompt_tokens_computed=computed_since(warm, pool), tiers=tiers_since(warm, pool))
+    print(f"   {label}: {row.prompt_tokens_computed:,} prompt tokens computed"
+          + (f"; tiers {row.tiers}" if row.tiers else ""), flush=True)
+    return row
 
 
 def hf_model(loaded: LoadedModel, args):
@@ -306,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
                          "pages are kept there and loaded back instead of recomputed")
     ap.add_argument("--host-min-hits", type=int, default=1,
                     help="spill only pages that many admissions shared (0: every evicted page)")
+    ap.add_argument("--disk-cache-dir", default="",
+                    help="disk tier below the host tier (EngineConfig.disk_cache_dir; needs --host-cache-gb): each "
+                         "run writes through to a fresh subdirectory here, removed after the run")
+    ap.add_argument("--disk-cache-gb", type=float, default=16.0, help="the disk tier's size bound")
     ap.add_argument("--max-step-tokens", type=int, default=4096)
     ap.add_argument("--max-prefill-chunk", type=int, default=2048)
     ap.add_argument("--max-model-len", type=int, default=None,
@@ -355,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                 "" if args.cascade else "no cascade", "" if args.eviction == "lru" else args.eviction,
                 f"host {args.host_cache_gb:g} GB" + ("" if args.host_min_hits == 1 else f" min hits {args.host_min_hits}")
                 if args.host_cache_gb else "",
+                f"disk {args.disk_cache_gb:g} GB" if args.disk_cache_dir else "",
                 f"T={args.temperature:g}" if args.temperature else "", f"top-k {args.top_k}" if args.top_k else ""]
 
     def variant(kv_dtype: str) -> str:

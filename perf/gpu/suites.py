@@ -57,6 +57,9 @@ OFFLINE = (PY, "perf/engine/offline_benchmark.py", "--model", "dummy:llama-2-7b"
 # SGLang's generated-shared-prefix (64 groups x 16 requests, 2,048-token system prompt + 128-token
 # question, 256 out) sent at once; cache-aware admission orders the queue.
 SHARED = ("--open-loop", "--max-running", "256", "--admission", "cache_aware", "--step-profile")
+# The disk tier's files: on the machine's disk, outside {out} (whose files are copied back); the
+# benchmark makes a fresh subdirectory per run and removes it.
+TIER_DISK_DIR = "/tmp/kvshare-tier-disk"
 # The kernel tests in parallel when pytest-xdist is there (it compiles many small kernel variants).
 # The offline benchmark runs each workload once per KV layout, on one loaded model.
 KV_DTYPES = ("--kv-cache-dtype", "auto,fp8_e4m3,int8")
@@ -201,15 +204,21 @@ SUITES: tuple[Suite, ...] = (
                     result="profile_shared_prefix.json")),
           minutes=4),
     Suite("tier",
-          "the host tier: shared-prefix (1,024 requests, delay 8) in a 20 GB pool too small for its 64 system "
-          "prompts, without a host tier, with 64 GB of host pages (pages seen twice), and spilling every page",
-          (offline("host0", 280, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
+          "the KV tiers: shared-prefix (512 requests, all 64 system prompts, delay 8) in a 20 GB pool too small "
+          "for them, with no tier, with 16 GB of host pages, and with the same host tier over a 32 GB disk tier "
+          "(page files in /tmp, written through in the background): prompt tokens computed, TTFT p50/p95, tok/s; "
+          "first the tier tests on CUDA (copy stream, events, restart from disk)",
+          (Stage("tests", (PY, "-m", "pytest", "tests/backend/runtime/test_page_transfer.py",
+                           "tests/backend/engine/test_host_tier_engine.py", "-q", "-p", "no:cacheprovider"), 60),
+           offline("none", 170, "--workloads", "shared-prefix:512:", *SHARED, "--kv-gb", "20",
                    "--admission-delay", "8", "--host-cache-gb", "0"),
-           offline("host64", 280, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
-                   "--admission-delay", "8", "--host-cache-gb", "64", "--host-min-hits", "1"),
-           offline("host64-all", 280, "--workloads", "shared-prefix:1024:", *SHARED, "--kv-gb", "20",
-                   "--admission-delay", "8", "--host-cache-gb", "64", "--host-min-hits", "0")),
-          minutes=10, note="not run on a GPU yet: minutes estimated; split with --only over two commands"),
+           offline("host", 170, "--workloads", "shared-prefix:512:", *SHARED, "--kv-gb", "20",
+                   "--admission-delay", "8", "--host-cache-gb", "16"),
+           offline("host-disk", 170, "--workloads", "shared-prefix:512:", *SHARED, "--kv-gb", "20",
+                   "--admission-delay", "8", "--host-cache-gb", "16", "--disk-cache-dir", TIER_DISK_DIR,
+                   "--disk-cache-gb", "32")),
+          minutes=6, note="not run on a GPU yet: minutes estimated; each row's log line 'prompt tokens computed' "
+                          "and its JSON (prompt_tokens_computed, tiers) hold the tier counters"),
     Suite("fullstack",
           "the real Triton 2.51 server on the GPU: perf_analyzer and kvshare_client over gRPC streaming vs the "
           "offline engine on the same 256 requests (128 ids -> 128 tokens, c = 64)",

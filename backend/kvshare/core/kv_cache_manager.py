@@ -13,6 +13,11 @@ admission whose prompt continues past the GPU hits into host-resident pages gets
 from the slots (a *load*) and registers them, instead of recomputing. take_transfers() hands the
 step's spills and loads to the scheduler's plan; the runner runs spills, then loads, then copies.
 
+With a DiskTier below the host tier, every spilled page is also written to a file in the background
+(write-through; take_disk_work() hands the jobs to the engine), and prefetch() stages a queued
+prompt's disk pages into host slots (fills) so that its admission finds them in the host tier. The
+engine reports finished jobs back (on_disk_written, on_disk_read) before it schedules a step.
+
 Rules: only a page with refcount 1 owned by one sequence is ever written (its tail, at positions
 >= num_committed); shared pages are full and immutable; a prompt always leaves >= 1 token to
 compute; allocation is all-or-nothing. Copy-on-write sources are *pinned* (refcount + 1) from
@@ -27,6 +32,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvshare.core.disk_tier import DiskTier
 from kvshare.core.eviction import EvictionPolicy
 from kvshare.core.host_tier import HostTier
 from kvshare.core.page_pool import PagePool
@@ -38,7 +44,7 @@ from kvshare.core.prefix_cache import (
     PrefixNode,
     blake2b_128,
 )
-from kvshare.core.types import PageCopy, PoolStats
+from kvshare.core.types import DiskRead, DiskWrite, PageCopy, PoolStats
 
 log = logging.getLogger("kvshare.core")
 
@@ -75,6 +81,7 @@ class KVCacheManager:
         low_watermark: float = 0.05,
         host_tier: HostTier | None = None,
         host_min_hits: int = 1,
+        disk_tier: DiskTier | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -91,6 +98,11 @@ class KVCacheManager:
         self._seqs: dict[int, _SeqPages] = {}
         self._pins: list[int] = []
         self.host = host_tier if enable_prefix_caching else None
+        if disk_tier is not None and self.host is None:
+            raise ValueError("a disk tier needs a host tier: its pages come back through host slots")
+        self.disk = disk_tier if self.host is not None else None
+        self._disk_writes: list[DiskWrite] = []
+        self._disk_reads: list[DiskRead] = []
         # Spill only pages that at least this many admissions shared (SGLang's selective write-through):
         # on the shared-prefix replay, spilling every evicted page filled the tier with private tails
         # and pushed the shared prefixes out (563k prompt tokens computed vs 383k at 1; none: 724k).
@@ -100,6 +112,11 @@ class KVCacheManager:
         self.prefix_queries_tokens_total = 0
         self.prefix_hits_tokens_total = 0
         self.host_hits_tokens_total = 0
+        self.disk_hits_tokens_total = 0         # part of the host hits: pages filled from the disk tier
+        # page faults: full prompt pages an admission looked up and did not find in that tier or above
+        self.faults_gpu_total = 0
+        self.faults_host_total = 0
+        self.faults_disk_total = 0
         self.fork_shared_tokens_total = 0
 
     # -- queries -------------------------------------------------------------------------------
@@ -150,7 +167,14 @@ class KVCacheManager:
             **({} if self.host is None else {
                 "host_pages_total": self.host.num_slots, "host_pages_used": len(self.host),
                 "host_hits_tokens_total": self.host_hits_tokens_total, "host_spills_total": self.host.spills_total,
-                "host_loads_total": self.host.loads_total}),
+                "host_loads_total": self.host.loads_total, "host_evictions_total": self.host.evictions_total}),
+            **({} if self.disk is None else {
+                "disk_pages_total": self.disk.num_pages, "disk_pages_used": self.disk.num_ready,
+                "disk_hits_tokens_total": self.disk_hits_tokens_total, "disk_writes_total": self.disk.writes_total,
+                "disk_reads_total": self.disk.reads_total, "disk_evictions_total": self.disk.evictions_total,
+                "disk_read_failures_total": self.disk.read_failures_total}),
+            faults_gpu_total=self.faults_gpu_total, faults_host_total=self.faults_host_total,
+            faults_disk_total=self.faults_disk_total,
         )
 
     # -- lifecycle of a sequence's pages -------------------------------------------------------
@@ -190,7 +214,10 @@ class KVCacheManager:
             entry.hits += 1
         # take before allocating: the allocation's evictions spill into the tier and must not
         # overwrite the slots this admission loads from
-        slots = [self.host.take(key).slot for key, _, _ in host_run] if host_run else []
+        taken = [self.host.take(key) for key, _, _ in host_run] if host_run else []
+        slots = [entry.slot for entry in taken]
+        from_disk = sum(1 for entry in taken if entry.from_disk)
+        self.disk_hits_tokens_total += from_disk * self.page_size
         fresh = self.pool.allocate(need)
         copy = None
         if match.partial is not None:
@@ -199,10 +226,12 @@ class KVCacheManager:
         table = [entry.page for entry in match.full] + fresh
         record = _SeqPages(salt, table, list(match.full), num_committed=num_cached)
         self._load(record, host_run, slots, fresh)
+        self._back_up(match.full)
         self._seqs[seq_id] = record
         self.prefix_queries_tokens_total += len(token_ids)
         self.prefix_hits_tokens_total += num_cached
         self.host_hits_tokens_total += len(host_run) * self.page_size
+        self._count_faults(len(token_ids), len(match.full), len(taken), from_disk)
         self._check_watermark()
         return Admission(num_cached, num_tokens, copy)
 
@@ -255,6 +284,56 @@ class KVCacheManager:
         self._spills.clear()
         self._loads.clear()
         return spills, loads
+
+    def take_disk_work(self) -> tuple[tuple[DiskWrite, ...], tuple[DiskRead, ...], tuple[bytes, ...]]:
+        """(writes, reads, deletes) for the disk worker, decided since the last call. Writes read host
+        slots that this step's spills fill: submit them after the step's transfers."""
+        if self.disk is None:
+            return (), (), ()
+        writes, reads = tuple(self._disk_writes), tuple(self._disk_reads)
+        self._disk_writes.clear()
+        self._disk_reads.clear()
+        return writes, reads, self.disk.take_deletes()
+
+    def prefetch(self, token_ids: Sequence[int], salt: bytes, *, max_reads: int,
+                 keys: Sequence[bytes] | None = None) -> tuple[int, int]:
+        """Stage a queued prompt's disk pages in host slots: (this prompt's pages being filled now,
+        reads issued by this call, at most max_reads). Only the run right after what the GPU pool
+        and the host tier hold is fetched; admission waits while the first number is > 0.
+        keys: the prompt's page_keys() when the caller has them (saves hashing it every step)."""
+        if self.disk is None or not (self.disk.num_ready or self.host.num_filling) or len(token_ids) < 2:
+            return 0, 0
+        keys = self.page_keys(token_ids, salt) if keys is None else keys
+        size = self.page_size
+        pending = issued = 0
+        on_gpu = self.prefix.probe(keys, salt)
+        parent = keys[on_gpu - 1] if on_gpu else self.prefix.root_key(salt)
+        for j in range(on_gpu, len(keys)):
+            key, tokens = keys[j], tuple(token_ids[j * size:(j + 1) * size])
+            if self.host.is_filling(key):
+                pending += 1
+            elif not self.host.match((key,), parent, salt, (tokens,)):
+                if issued >= max_reads or not self.disk.match((key,), parent, salt, (tokens,)):
+                    break
+                slot = self.host.reserve_fill(key, parent, salt, tokens)
+                if slot is None:
+                    break
+                self.disk.begin_read(key)
+                self._disk_reads.append(DiskRead(key, slot))
+                pending += 1
+                issued += 1
+            parent = key
+        return pending, issued
+
+    def on_disk_written(self, write: DiskWrite, ok: bool) -> None:
+        """A write-through job finished: the page is loadable from disk (ok), its host slot reusable."""
+        self.disk.write_done(write.key, ok)
+        self.host.io_done(write.slot)
+
+    def on_disk_read(self, read: DiskRead, ok: bool) -> None:
+        """A fill finished: the host entry is matchable (ok), or the file was bad and both go."""
+        self.disk.read_done(read.key, ok)
+        self.host.fill_done(read.key, ok)
 
     def extend(self, seq_id: int, num_tokens: int) -> bool:
         """Grow the page table to hold num_tokens tokens; False (changing nothing) if it can't."""
@@ -384,7 +463,40 @@ class KVCacheManager:
                     slot = self.host.store(entry.key, entry.parent.key, entry.salt, entry.tokens)
                     if slot is not None:
                         self._spills.append((entry.page, slot))
+                        self._write_through(entry.key, entry.parent.key, entry.salt, entry.tokens, slot)
         self.prefix.drop(page)
+
+    def _back_up(self, hits: Sequence[CachedPage]) -> None:
+        """With a disk tier, a GPU page that admissions share (host_min_hits) is copied to a host slot
+        and written through while it is still cached (SGLang's write-through on hit count): a hot
+        system prompt is the one the pool never evicts, and it must survive a restart too. Pages
+        on disk or being written are skipped, so each hot page is copied about once."""
+        if self.disk is None:
+            return
+        for entry in hits:
+            if entry.hits < max(1, self.host_min_hits) or entry.key in self.disk or entry.key in self.host:
+                continue
+            if not self.disk.can_write():
+                return
+            slot = self.host.store(entry.key, entry.parent.key, entry.salt, entry.tokens)
+            if slot is None:
+                return
+            self._spills.append((entry.page, slot))
+            self._write_through(entry.key, entry.parent.key, entry.salt, entry.tokens, slot)
+
+    def _write_through(self, key: bytes, parent_key: bytes, salt: bytes, tokens: tuple[int, ...], slot: int) -> None:
+        if self.disk is not None and self.disk.want_write(key, parent_key, salt, tokens):
+            self.host.mark_busy(slot)
+            self._disk_writes.append(DiskWrite(key, slot, parent_key, salt, tuple(tokens)))
+
+    def _count_faults(self, num_prompt: int, gpu_pages: int, host_pages: int, disk_pages: int) -> None:
+        """host_pages: loaded from host slots, disk_pages of them filled from the disk tier."""
+        if not self.enable_prefix_caching:
+            return
+        lookups = (num_prompt - 1) // self.page_size      # full pages before the last token's
+        self.faults_gpu_total += lookups - gpu_pages
+        self.faults_host_total += lookups - gpu_pages - host_pages + disk_pages
+        self.faults_disk_total += lookups - gpu_pages - host_pages
 
     def _on_drop(self, page: int) -> None:
         self.pool.unmark_reusable(page)
@@ -413,6 +525,8 @@ class KVCacheManager:
             self.host.check_integrity()
             spilled = [slot for _, slot in self._spills]
             assert len(set(spilled)) == len(spilled), f"two spills into one host slot in a step: {self._spills}"
+        if self.disk is not None:
+            self.disk.check_integrity()
         refs: Counter[int] = Counter(self._pins)
         for seq_id, record in self._seqs.items():
             refs.update(record.table)

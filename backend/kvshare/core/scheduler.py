@@ -28,6 +28,10 @@ arrivals are admitted together, unless the waiting head is a preempted sequence 
 or a quarter of max_running is free (the batch is draining). A step with no room to admit anyone
 does not count. The analogues are vLLM's --scheduler-delay-factor and SGLang's
 --num-continuous-decode-steps.
+
+Disk tier prefetch: each step first stages the disk pages of the first PREFETCH_WINDOW waiting
+requests in host slots (KVCacheManager.prefetch). A request whose reads are in flight is not
+admitted (it would recompute those pages) and does not block the others: they are admitted past it.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ ADMISSION_POLICIES: tuple[str, ...] = ("cache_aware", "fcfs")
 DEFAULT_MAX_ADMISSION_SKIPS = 32
 # Waiting requests probed per step; the rest wait in arrival order (SGLang: FCFS past 128).
 DEFAULT_ADMISSION_PROBE_LIMIT = 128
+# Queued requests at the head whose disk-tier pages are staged in host slots while they wait; reads per
+# step are capped at half the host slots so that staging one prompt cannot flush the next one's pages.
+PREFETCH_WINDOW = 4
 
 
 class Scheduler:
@@ -106,6 +113,7 @@ class Scheduler:
         self._prefill_keys: dict[int, tuple[bytes, ...]] = {}
         self._computing: dict[bytes, int] = {}
         self._arrivals = itertools.count()
+        self._fetching: frozenset[int] = frozenset()   # waiting sequences whose disk pages are being read
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -164,6 +172,7 @@ class Scheduler:
         if not self._waiting:
             self._admission_deferrals = 0  # the delay counts from the first step anyone waits in
         step = _StepBuilder(self.max_step_tokens)
+        self._fetching = self._prefetch_waiting()
         self._schedule_decodes(step)
         self._schedule_prefills(step)
         if not step.preempted and self._room_to_admit(step):  # a step that had to preempt has no room
@@ -177,7 +186,27 @@ class Scheduler:
         rejected, self._rejected = tuple(self._rejected), []
         self._debug_check()
         spills, loads = self.kv.take_transfers()
-        return StepPlan(chunks, tuple(step.copies), tuple(step.preempted), rejected, spills, loads)
+        writes, reads, deletes = self.kv.take_disk_work()
+        return StepPlan(chunks, tuple(step.copies), tuple(step.preempted), rejected, spills, loads,
+                        writes, reads, deletes)
+
+    def _prefetch_waiting(self) -> frozenset[int]:
+        """Stage the queue head's disk pages in host slots; the ids of those still being read (their
+        admission waits for the reads: it would recompute those pages otherwise)."""
+        if self.kv.disk is None or not self._waiting:
+            return frozenset()
+        budget = max(1, self.kv.host.num_slots // 2)
+        fetching = []
+        for seq in itertools.islice(self._waiting.values(), PREFETCH_WINDOW):
+            if seq.num_pending:
+                continue
+            info = self._fresh.get(seq.seq_id)      # cache_aware has hashed the prompt already
+            pending, issued = self.kv.prefetch(seq.token_ids, seq.salt, max_reads=budget,
+                                               keys=info.page_keys if info is not None else None)
+            budget -= issued
+            if pending:
+                fetching.append(seq.seq_id)
+        return frozenset(fetching)
 
     def _schedule_decodes(self, step: _StepBuilder) -> None:
         for seq in [s for s in self._running.values() if s.remaining == 1]:
@@ -228,7 +257,7 @@ class Scheduler:
         for seq in ordered:
             if not self._room_to_admit(step):
                 break
-            if self._deferred(seq):
+            if self._deferred(seq) or seq.seq_id in self._fetching:
                 continue
             if not self._admit(seq, step):
                 break  # nobody overtakes a head that does not fit (the starvation bound relies on it)
@@ -239,12 +268,17 @@ class Scheduler:
 
     def _admit_fcfs(self, step: _StepBuilder) -> None:
         while self._room_to_admit(step):
-            if not self._admit(next(iter(self._waiting.values())), step):
+            # a request whose pages are coming back from disk lets the next go first (as vLLM does
+            # with one waiting for remote KV): a wait of milliseconds should not stall the batch
+            head = next((s for s in self._waiting.values() if s.seq_id not in self._fetching), None)
+            if head is None or not self._admit(head, step):
                 return  # nobody overtakes the head of the queue
 
     def _admit(self, seq: Sequence, step: _StepBuilder) -> bool:
         if seq.num_pending:
             return False  # preempted with a token still on the device: resolve() runs before the next step
+        if seq.seq_id in self._fetching:
+            return False  # its prefix is coming back from disk (a few ms): wait rather than recompute it
         fork = self._fork_source(seq)
         if fork == -1:
             return False  # the parent has not computed the shared prompt yet: wait for it (it runs)

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.disk_tier import DiskTier, IndexedPage
 from ..core.host_tier import HostTier
 from ..core.kv_cache_manager import KVCacheManager
 from ..core.scheduler import Scheduler
-from ..core.types import StepPlan
-from ..core.types import PoolStats
+from ..core.types import PoolStats, StepPlan
 from ..runtime.cascade_planner import CascadePolicy
 from ..runtime.cuda_graph_runner import graph_batch_sizes, kernel_debug
+from ..runtime.disk_io import DiskIO
+from ..runtime.disk_store import DiskStore, layout_fingerprint
 from ..runtime.kv_cache import KVCache, kv_storage_dtype, pages_for_memory
 from ..runtime.llama import LlamaModel
 from ..runtime.model_runner import ChunkInput, LaunchedStep, ModelRunner, future_ref
@@ -72,6 +74,7 @@ class EngineStats:
     requests_waiting: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    page_bytes: int = 0        # one page over all its tensors: tier page counters times this are bytes
 
 
 class LLMEngine:
@@ -97,6 +100,9 @@ class LLMEngine:
         if config.host_cache_memory_gb > 0 and config.enable_prefix_caching:
             host_pages = pages_for_memory(loaded.config, page_size=config.page_size, dtype=kv_dtype,
                                           budget_bytes=int(config.host_cache_memory_gb * 2**30))
+        if config.disk_cache_dir and not host_pages:
+            raise ValueError("disk_cache_dir needs host_cache_memory_gb > 0 (and prefix caching): disk pages "
+                             "come back through host slots")
         self._tp = None       # tensor parallelism: the other ranks (engine/tensor_parallel_ranks.py)
         if config.tensor_parallel_size > 1:
             if config.kv_cache_dtype != "auto":
@@ -111,10 +117,11 @@ class LLMEngine:
             self.kv = KVCache.allocate(loaded.config, num_pages=num_pages, page_size=config.page_size,
                                        dtype=kv_dtype, device=self.device, host_pages=host_pages)
             model = LlamaModel(loaded.config, loaded.weights, device=self.device, dtype=dtype)
+        disk_tier, self.disk_io = self._open_disk_tier(config, loaded) if config.disk_cache_dir else (None, None)
         self.scheduler = Scheduler(
             KVCacheManager(num_pages, config.page_size, enable_prefix_caching=config.enable_prefix_caching,
                            policy=config.eviction, host_tier=HostTier(host_pages) if host_pages else None,
-                           host_min_hits=config.host_cache_min_hits),
+                           host_min_hits=config.host_cache_min_hits, disk_tier=disk_tier),
             max_running=config.max_running, max_step_tokens=config.max_step_tokens,
             max_prefill_chunk=config.max_prefill_chunk, debug_checks=config.debug_checks, admission=config.admission,
             admission_delay_steps=config.admission_delay_steps)
@@ -141,6 +148,41 @@ class LLMEngine:
         self._last_plan: StepPlan | None = None    # what last_step describes (kept, not summarised per step)
         # RequestTiming is wall-clock ns (TensorRT-LLM's perf metrics); steps read the monotonic clock.
         self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
+
+    def _open_disk_tier(self, config: EngineConfig, loaded: LoadedModel) -> tuple[DiskTier, DiskIO]:
+        """The disk tier's index (warm: the pages a previous server left in the directory) and worker."""
+        if config.disk_cache_gb <= 0:
+            raise ValueError(f"disk_cache_gb must be > 0 with a disk_cache_dir, got {config.disk_cache_gb}")
+        model = config.model or "default"
+        seed = f" seed={config.seed}" if model.startswith("dummy:") else ""   # a dummy's weights come from the seed
+        fingerprint = layout_fingerprint(model, loaded.config, self.kv.host_page_tensors(), config.page_size,
+                                         "blake2b_128", extra=f"dtype={config.dtype} kv={config.kv_cache_dtype}{seed}")
+        store = DiskStore(config.disk_cache_dir, fingerprint)
+        tier = DiskTier(max(1, int(config.disk_cache_gb * 2**30) // self.kv.host_page_bytes))
+        found = tier.warm(IndexedPage(h.key, h.parent_key, h.salt, h.tokens) for h in store.scan())
+        log.info("KV disk tier: %d pages (%.1f GiB) in %s, %d found from before, %s I/O", tier.num_pages,
+                 config.disk_cache_gb, store.dir, found, store.io_library)
+        return tier, DiskIO(store, self.kv.host_page_tensors())
+
+    def _apply_disk_done(self) -> None:
+        """Disk jobs finished since the last look: pages loadable, host slots reusable (engine thread)."""
+        if self.disk_io is None:
+            return
+        kv = self.scheduler.kv
+        for job, is_write, ok in self.disk_io.poll():
+            if is_write:
+                kv.on_disk_written(job, ok)
+            else:
+                kv.on_disk_read(job, ok)
+
+    def close(self) -> None:
+        """Finish the disk tier's writes (a restart finds them) and stop its workers; stop the
+        tensor-parallel ranks. Idempotent."""
+        if self.disk_io is not None:
+            self.disk_io.close()
+            self._apply_disk_done()
+        if self._tp is not None:
+            self._tp.close()
 
     # -- requests ---------------------------------------------------------------------------
     @property
@@ -348,15 +390,22 @@ class LLMEngine:
         return self._route_beam_outputs(self._step())
 
     def _step(self) -> list[RequestOutput]:
+        self._apply_disk_done()
         plan = self.scheduler.schedule()
         outputs = [self._finish(self._by_seq[sid], (), "", "error", msg) for sid, msg in plan.rejected]
         self._last_plan = plan
+        self.runner.transfer_pages(plan.spills, plan.loads)
+        if plan.disk_writes or plan.disk_reads or plan.disk_deletes:
+            # after the transfers: a write reads a slot this step's spill fills (the event orders it)
+            self.disk_io.submit(plan.disk_writes, plan.disk_reads, plan.disk_deletes, self.runner.transfer_done)
         if not plan.chunks:
+            if self.disk_io is not None and self.disk_io.inflight and self._pending is None:
+                # only requests waiting for disk reads: let the workers run instead of spinning
+                self.disk_io.wait_done(0.005)
             return outputs + self._resolve_pending()
         overlap = self.config.overlap_enabled and self._overlap_eligible(plan)
         if not overlap:
             outputs += self._resolve_pending()   # this step needs every token on the host
-        self.runner.transfer_pages(plan.spills, plan.loads)
         self.runner.copy_pages([(c.src, c.dst) for c in plan.copies])
         pending_rows = self._pending.rows if self._pending is not None else {}
         inputs = []
@@ -512,18 +561,15 @@ class LLMEngine:
 
     # -- observability ------------------------------------------------------------------------
     def stats(self) -> EngineStats:
+        self._apply_disk_done()      # an idle engine takes no step: finished writes still count now
         return EngineStats(self.scheduler.stats(), self.scheduler.num_running, self.scheduler.num_waiting,
-                           self._prompt_tokens_total, self._generation_tokens_total)
+                           self._prompt_tokens_total, self._generation_tokens_total,
+                           self.kv.host_page_bytes if self.kv.host_pages else 0)
 
     def drain_latencies(self) -> tuple[list[float], list[float]]:
         """TTFT and inter-token latency samples (seconds) since the previous call."""
         ttft, itl, self._ttft, self._itl = self._ttft, self._itl, [], []
         return ttft, itl
-
-    def close(self) -> None:
-        """Stops the engine's other processes (tensor-parallel ranks); nothing to do without them."""
-        if self._tp is not None:
-            self._tp.close()
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -23,6 +23,12 @@ class EngineConfig:
     # Spill only pages at least this many admissions shared (1: SGLang's selective write-through;
     # 0: every evicted page). The shared-prefix replay favours 1 with a large tier (docs/tiers.md).
     host_cache_min_hits: int = 1
+    # Disk tier below the host tier: every page spilled to the host is also written to a file in this
+    # directory (background, checksummed), loaded back through host slots instead of recomputed, and
+    # found again after a restart (docs/tiers.md). "" = off; needs host_cache_memory_gb > 0. One
+    # server per directory. disk_cache_gb bounds the files (oldest written or used go first).
+    disk_cache_dir: str = ""
+    disk_cache_gb: float = 16.0
     max_model_len: int | None = None      # default: the model's max position
     max_running: int = 64
     max_queued_requests: int = 1024       # running + waiting; past it new requests get UNAVAILABLE

@@ -50,6 +50,11 @@ class KVCache:
     fp8_scale: float = FP8_SCALE
 
     @property
+    def host_page_bytes(self) -> int:
+        """Bytes of one page over all its tensors (a host slot, a disk file's body)."""
+        return sum(t[0].numel() * t.element_size() for t in self.host_page_tensors())
+
+    @property
     def host_pages(self) -> int:
         return self.host_k[0].shape[0] if self.host_k else 0
 

@@ -18,6 +18,7 @@ from .cuda_graph_runner import CudaGraphRunner, resolve_future_ids
 from .forward_batch import build_forward_batch, to_device
 from .kv_cache import KVCache
 from .llama import LlamaModel
+from .page_transfer import PageTransfer
 from .sampler import Sampler, SamplingRow, TokenDetail
 
 
@@ -69,6 +70,7 @@ class ModelRunner:
         self._host_slots = [torch.zeros(max_rows, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
         self._slot = 0
+        self.transfer = PageTransfer(kv, device)   # host tier moves on their own stream (CUDA)
         self.last_path = "none"       # graph | cascade-graph | cascade | eager (step profiles)
         self.cascade = cascade        # None: every decode reads each row's pages itself
         self._kv_bytes_per_token = kv.bytes_per_token     # 8-bit pages: about half (scales included)
@@ -85,17 +87,16 @@ class ModelRunner:
 
     def transfer_pages(self, spills: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]]) -> None:
         """The host tier's moves, before the step's copies and forward: spills (GPU page -> host slot)
-        first, then loads (host slot -> GPU page), in stream order with the step."""
-        kv, copy = self.kv, self.model.ops.copy_page_tensors
+        first, then loads (host slot -> GPU page). On CUDA they run on PageTransfer's stream; the
+        step's forward waits only for the gather of spilled pages and for the loads."""
         if self.mirror is not None and (spills or loads):
             self.mirror("transfer", (tuple(spills), tuple(loads)))
-        # Pages as opaque tensors: K, V and whatever else a page carries (int8's scales).
-        if spills:
-            pages, slots = _columns(spills)
-            copy(kv.page_tensors(), to_device(pages, self.device), slots, dst_tensors=kv.host_page_tensors())
-        if loads:
-            slots, pages = _columns(loads)
-            copy(kv.host_page_tensors(), slots, to_device(pages, self.device), dst_tensors=kv.page_tensors())
+        self.transfer.run(spills, loads)
+
+    @property
+    def transfer_done(self) -> torch.cuda.Event | None:
+        """Recorded after the last transfer (None on the CPU): disk jobs on host slots wait on it."""
+        return self.transfer.done
 
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:

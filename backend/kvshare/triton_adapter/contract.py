@@ -299,24 +299,37 @@ def refuse_unsupported(get, field_prefix: str = "") -> None:
             raise InvalidRequest(field_prefix + t.name, t.kvshare.removeprefix("refused: "))
 
 
-# llm_engine's config.pbtxt parameters (EngineConfig and data_parallel.ParallelConfig fields; a KVSHARE_<NAME>
-# environment variable overrides each): (key, value written, what it does).
-ENGINE_PARAMETERS: tuple[tuple[str, str, str], ...] = (
-    ("page_size", "16", "tokens per KV page"),
-    ("kv_cache_memory_gb", "1.0", "the page pool's memory per engine (per device)"),
-    ("kv_cache_dtype", "auto", "auto (the model's dtype) | fp8_e4m3 | int8: 8-bit KV pages, about twice the pages "
-     "(docs/kv-quantization.md)"),
-    ("max_running", "32", "sequences decoding at once per engine"),
-    ("default_max_tokens", "128", "max_tokens when a request sends none"),
-    ("data_parallel_size", "1", "engines this instance drives, one page pool and engine thread each (docs/multi-gpu.md)"),
-    ("devices", "", "comma-separated devices, one per engine; empty: cuda:0..N-1 on a GPU instance, else N on its device"),
-    ("routing_policy", "cache_aware", "cache_aware (the engine holding the longest cached prefix, bounded imbalance) "
-     "or round_robin"),
-)
-
-
 def _dims(d: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(x) for x in d) + "]"
+
+
+@dataclass(frozen=True)
+class EngineParameter:
+    """A `parameters` entry of llm_engine's config.pbtxt (an EngineConfig field; KVSHARE_<NAME> overrides it)."""
+    name: str
+    default: str
+    doc: str
+
+
+ENGINE_PARAMETERS: tuple[EngineParameter, ...] = (
+    EngineParameter("page_size", "16", "tokens per KV page"),
+    EngineParameter("kv_cache_memory_gb", "1.0", "the page pool's memory per engine (per device; num_pages overrides it)"),
+    EngineParameter("kv_cache_dtype", "auto", "auto (the model's dtype) | fp8_e4m3 | int8: 8-bit KV pages, about "
+                    "twice the pages in the same memory (docs/kv-quantization.md)"),
+    EngineParameter("max_running", "32", "sequences decoding at once per engine"),
+    EngineParameter("default_max_tokens", "128", "max_tokens of a request that sends none"),
+    EngineParameter("host_cache_memory_gb", "0", "host tier below the pool (pinned memory on CUDA); 0 = off. Pays "
+                    "when prefixes come back after the pool evicted them (docs/tiers.md)"),
+    EngineParameter("disk_cache_dir", "", "disk tier below the host tier: a directory of page files that outlives "
+                    "the server; empty = off; needs host_cache_memory_gb > 0; one server per directory"),
+    EngineParameter("disk_cache_gb", "16", "the disk tier's size bound (least recently written or used pages go)"),
+    EngineParameter("data_parallel_size", "1", "engines this instance drives, one page pool and engine thread each "
+                    "(docs/multi-gpu.md)"),
+    EngineParameter("devices", "", "comma-separated devices, one per engine; empty: cuda:0..N-1 on a GPU instance, "
+                    "else N on its device"),
+    EngineParameter("routing_policy", "cache_aware", "cache_aware (the engine holding the longest cached prefix, "
+                    "bounded imbalance) or round_robin"),
+)
 
 
 def render_markdown() -> str:
@@ -376,12 +389,6 @@ def render_markdown() -> str:
     lines += ["", "| output | type | dims |", "|---|---|---|"]
     for t in VLLM_OUTPUTS:
         lines.append(f"| `{t.name}` | {t.dtype.removeprefix('TYPE_')} | {_dims(t.dims)} |")
-    lines += ["", "## `llm_engine` parameters (`config.pbtxt`; the environment variable `KVSHARE_<NAME>` overrides each)", "",
-              "Every field of `EngineConfig` (`backend/kvshare/engine/engine_config.py`) and `ParallelConfig`",
-              "(`backend/kvshare/engine/data_parallel.py`) may be set; the generated config writes these:", "",
-              "| key | value | meaning |", "|---|---|---|"]
-    for key, value, doc in ENGINE_PARAMETERS:
-        lines.append(f"| `{key}` | `{value}` | {doc} |")
     lines += ["", "### `sampling_parameters` keys (vLLM `SamplingParams`; `backend/kvshare/triton_adapter/vllm_params.py`)", "",
               "Values may be strings (genai-perf and vLLM's sample client send `\"100\"`, `\"0.1\"`): they are cast by",
               "the key's type, and `\"true\"`/`\"false\"` parse as booleans. A key whose value is null is unset. Any other",
@@ -393,4 +400,11 @@ def render_markdown() -> str:
     from .vllm_params import KEY_DOCS
     for key, doc in KEY_DOCS.items():
         lines.append(f"| `{key}` | {doc} |")
+    lines += ["", "## `llm_engine` parameters (config.pbtxt; `KVSHARE_<NAME>` environment variables override them)", "",
+              "Every field of `EngineConfig` (`backend/kvshare/engine/engine_config.py`) and `ParallelConfig`",
+              "(`backend/kvshare/engine/data_parallel.py`) may be set this way; these are the ones the generated",
+              "config spells out.", "", "| parameter | default | meaning |", "|---|---|---|"]
+    for p in ENGINE_PARAMETERS:
+        default = p.default or '""'
+        lines.append(f"| `{p.name}` | `{default}` | {p.doc} |")
     return "\n".join(lines) + "\n"

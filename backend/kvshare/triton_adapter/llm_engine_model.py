@@ -231,7 +231,7 @@ class LLMEngineModel:
     def finalize(self):
         log.info("kvshare engine shutting down: %d responses sent for %d tokens", self.pump.responses_sent,
                  self.pump.tokens_sent)
-        self.group.shutdown()
+        self.group.shutdown()     # each engine closes after its loop: disk writes in flight land, so a restart finds them
         self.pump.close()
         for publisher in self.publishers:
             publisher.close()

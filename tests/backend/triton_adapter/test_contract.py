@@ -174,3 +174,14 @@ def test_docs_contract_md_is_generated_from_the_table():
     text = (ROOT / "docs" / "contract.md").read_text()
     for name in list(TRTLLM_BLS_INPUTS) + list(OLD_NAMES) + list(TRTLLM_OUTPUTS):
         assert f"`{name}`" in text, name
+
+
+def test_engine_parameters_are_engine_config_fields_with_parseable_defaults():
+    from kvshare.engine.data_parallel import ParallelConfig
+    from kvshare.engine.engine_config import EngineConfig
+    from kvshare.triton_adapter.contract import ENGINE_PARAMETERS
+
+    parallel = ParallelConfig.field_names()
+    ParallelConfig.from_mapping({p.name: p.default for p in ENGINE_PARAMETERS if p.name in parallel})
+    config = EngineConfig.from_mapping({p.name: p.default for p in ENGINE_PARAMETERS if p.name not in parallel})
+    assert config.disk_cache_dir == "" and config.host_cache_memory_gb == 0.0 and config.disk_cache_gb == 16.0
