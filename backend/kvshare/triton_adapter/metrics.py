@@ -60,9 +60,7 @@ class EngineMetrics:
             return self.families.metric(name, kind, help_text, labels, **kw)
 
         def labelled(name: str, help_text: str, label: str, values) -> dict:
-            family = pb.MetricFamily(name=name, description=help_text, kind=C)
-            self._families.append(family)
-            return {v: family.Metric(labels={**labels, label: v}) for v in values}
+            return {v: self.families.metric(name, C, help_text, {**labels, label: v}) for v in values}
 
         self.gauges = {
             "total": metric("kvshare_kv_pages_total", G, "KV pages in the pool"),
