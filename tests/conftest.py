@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def _checkout_repository() -> Path:
     spec = importlib.util.spec_from_file_location(
         "kvshare_test_server_helpers", ROOT / "tests" / "backend" / "integration" / "server_helpers.py")
     helpers = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = helpers        # its dataclasses look their module up there
     spec.loader.exec_module(helpers)
     models = tuple(sorted(p.parent.name for p in (ROOT / "model_repository").glob("*/config.pbtxt")))
     return helpers.checkout_model_repository(models)

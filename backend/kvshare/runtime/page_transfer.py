@@ -91,4 +91,9 @@ class PageTransfer:
             staged = torch.empty((len(slots),) + tuple(dst.shape[1:]), dtype=dst.dtype, device=dst.device)
             for at, first, n in slot_runs(slots):
                 staged[at:at + n].copy_(src[first:first + n], non_blocking=not blocking)
-            dst.index_copy_(0, pages, staged)
+            _bytes(dst).index_copy_(0, pages, _bytes(staged))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """fp8 pages as their bytes: index_copy_ has no Float8 kernel on the CPU; a copy moves bytes anyway."""
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t

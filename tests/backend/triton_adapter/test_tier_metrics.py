@@ -40,7 +40,7 @@ class _Pb:
 
 
 def samples() -> dict[tuple[str, tuple], int]:
-    return {(f.name, tuple(sorted((k, v) for k, v in m.labels.items() if k != "model"))): m.value
+    return {(f.name, tuple(sorted((k, v) for k, v in m.labels.items() if k not in ("model", "engine")))): m.value
             for f in _Family.made for m in f.metrics}
 
 
