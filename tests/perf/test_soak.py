@@ -29,7 +29,8 @@ def test_one_minute_soak_meets_every_criterion(triton_server, tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     summary = json.loads((out / "summary.json").read_text())
     failed = [c for c in summary["checks"] if not c["ok"]]
-    assert p.returncode == 0 and not failed, f"{failed}\n{p.stdout[-4000:]}\n{p.stderr[-3000:]}"
+    assert p.returncode == 0 and not failed, \
+        f"{failed}\n{summary['unexpected_examples']}\n{p.stdout[-4000:]}\n{p.stderr[-3000:]}"
     requests = summary["requests"]
     assert requests["unexpected"] == 0 and set(requests["by_model"]) == {"ensemble", "llm_bls", "vllm_model",
                                                                          "llm_engine"}

@@ -289,6 +289,8 @@ def soak(args: argparse.Namespace, grpc_url: str, metrics_url: str, server_pid: 
                 title=f"kvshare soak {summary['started_utc']} UTC, {summary['load_minutes']} min")
     summary["plot"] = note or "soak.png"
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    for u in log.unexpected[:10]:
+        print(f"UNEXPECTED {u['kind']} {u['model']} {u['result']}: {u['detail']}", flush=True)
     for c in checks:
         print(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}", flush=True)
     print(f"soak {'PASSED' if summary['passed'] else 'FAILED'}: {out / 'summary.json'}", flush=True)
