@@ -176,4 +176,6 @@ class OutcomeLog:
             "unexpected": sum(n for (_, _, _, ok), n in items if not ok),
             "by_kind": {k: dict(sorted(v.items())) for k, v in sorted(by_kind.items())},
             "by_model": dict(sorted(by_model.items())),
+            "by_kind_model": {f"{kind} {model} {result}" + ("" if ok else " (UNEXPECTED)"): n
+                              for (kind, model, result, ok), n in sorted(items)},
         }

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from kvshare_client.locust_user import STREAM_TYPE, fire_completion_events  # noqa: F401  (gevent set-up first)
+from kvshare_client.locust_user import fire_completion_events  # first: it sets gRPC up for gevent
 
 import gevent  # noqa: E402
 from locust import User, constant, constant_pacing, task  # noqa: E402
