@@ -54,6 +54,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--metrics-url", default=None, help="its metrics port (with --grpc-url)")
     ap.add_argument("--server-pid", type=int, default=None,
                     help="its tritonserver pid for RSS (default: the process listening on the gRPC port)")
+    ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="more environment of the own server (e.g. KVSHARE_LOG_LEVEL=DEBUG); repeatable")
     ap.add_argument("--max-queued", type=int, default=int(OWN_SERVER_ENV["KVSHARE_MAX_QUEUED_REQUESTS"]),
                     help="the server's max_queued_requests (bursts send this + 4)")
     ap.add_argument("--users", type=int, default=10, help="closed-loop users of the mix, no think time")
@@ -75,11 +77,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(out: Path) -> tuple[Any, Any]:
+def start_server(out: Path, env: dict[str, str]) -> tuple[Any, Any]:
     from kvshare import launch
 
     addr = launch.ServerAddress("127.0.0.1", free_port(), free_port(), free_port())
-    proc = launch.start(ROOT / "model_repository", addr, log_path=out / "tritonserver.log", extra_env=OWN_SERVER_ENV,
+    proc = launch.start(ROOT / "model_repository", addr, log_path=out / "tritonserver.log", extra_env=env,
                         extra_args=["--exit-timeout-secs=10"])
     try:
         launch.wait_ready(proc, addr, timeout_s=float(os.environ.get("KVSHARE_TEST_SERVER_TIMEOUT", "400")))
@@ -176,13 +178,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         settings: dict[str, Any] = {"server": "given", "grpc_url": grpc_url}
     else:
         print("starting the server ...", flush=True)
+        env = {**OWN_SERVER_ENV, **dict(kv.split("=", 1) for kv in args.server_env)}
         try:
-            proc, addr = start_server(out)
+            proc, addr = start_server(out, env)
         except Exception as exc:
             print(f"the server did not start: {exc}", file=sys.stderr)
             return 2
         grpc_url, metrics_url, server_pid = addr.grpc_url, addr.metrics_url, proc.pid
-        settings = {"server": "own", "env": OWN_SERVER_ENV}
+        settings = {"server": "own", "env": env}
     try:
         return soak(args, grpc_url, metrics_url, server_pid, proc, settings)
     finally:
