@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -138,18 +139,26 @@ class KillUser(SoakUser):
         model = mix.choose_model(self.rng)
         sent = time.time()
         t0 = time.perf_counter()
+        err = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen([sys.executable, "-m", "perf.load.soak.abandon_client", "--url", self.host,
                                  "--model", model, "--after", str(mix.abandon_after(self.rng))],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = ""
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+        line = None
         try:
             with gevent.Timeout(self.stream_timeout_s, False):
                 line = proc.stdout.readline().strip()
-            line = line or "timeout"
+            exited = proc.poll()
         finally:
             proc.kill()
             proc.wait()
             proc.stdout.close()
+        if line is None:
+            line = "timeout"
+        elif not line:
+            # The client process ended before it said anything: its own failure, not a server hang.
+            err.seek(0)
+            line = f"exited rc={exited if exited is not None else proc.returncode} " + err.read()[-300:].replace("\n", " ")
+        err.close()
         status, _, detail = line.partition(" ")
         if status == "streaming":
             result, expected = DISCONNECTED, True
@@ -159,6 +168,8 @@ class KillUser(SoakUser):
             result, expected = OVERLOADED, self.log.overload_expected(sent)
         elif status == "timeout":
             result, expected = HUNG, False
+        elif status == "exited":
+            result, expected = "client_process_exited", False
         else:
             result, expected = "client_process_error", False
         outcome = Outcome(KILL, model, result, expected, line, time.time())
