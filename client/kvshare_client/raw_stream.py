@@ -87,6 +87,11 @@ class RawStreamSession:
                 received_at = time.perf_counter()
                 if response.error_message:
                     raise ServerError(response.error_message, model=model, request_id=request_id)
+                # One request at a time on this stream: a response of another request (one that came
+                # after an earlier request's final response) breaks "exactly one final response".
+                answered = response.infer_response.id
+                if answered and answered != request_id:
+                    raise ProtocolError(f"a response of request {answered} arrived while {request_id} was open")
                 chunk = parser.parse(InferResult(response.infer_response), received_at)
                 assembler.add(chunk)
                 if on_chunk is not None:
