@@ -108,8 +108,12 @@ def _decode_split_kernel(
         k = load_kv_tile(K, page * stride_kp + in_page * stride_kt, k_cols, kv_mask, KV_QUANT)
         v = load_kv_tile(V, page * stride_vp + in_page * stride_vt, v_cols, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
-            k = k.to(q.dtype)
-            v = v.to(q.dtype)
+            if USE_DOT:
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
+            else:                       # the multiply-adds below are float32: one convert, not two
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
         if USE_DOT:
             qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)                  # [BLOCK_R, N]
         else:   # one query row: a dot would pad it to 16 rows; multiply-add instead
