@@ -409,6 +409,7 @@ def _cascade_prefix_kernel(
             kv_mask = n_mask[:, None]
         else:
             kv_mask = n_mask[:, None] & c_mask[None, :]
+        s_rows = page * stride_sp + in_page * stride_st      # int8's scales of these tokens
         k = load_kv_tile(K, page * stride_kp + in_page * stride_kt, k_cols, kv_mask, KV_QUANT)
         v = load_kv_tile(V, page * stride_vp + in_page * stride_vt, v_cols, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
@@ -416,7 +417,6 @@ def _cascade_prefix_kernel(
             v = v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if KV_QUANT == 2:       # int8 scales fold into the score columns and p (decode_attention)
-            s_rows = page * stride_sp + in_page * stride_st
             qk = qk * token_scales(KS, s_rows, kvh0, row_head, n_mask, scale_log2, HEADS, BLOCK_R, BLOCK_N)
         else:
             qk = qk * scale_log2

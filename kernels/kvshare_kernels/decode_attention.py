@@ -105,6 +105,7 @@ def _decode_split_kernel(
             kv_mask = n_mask[:, None]          # row-constant mask keeps the loads 16 bytes wide
         else:
             kv_mask = n_mask[:, None] & c_mask[None, :]
+        s_rows = page * stride_sp + in_page * stride_st      # int8's scales of these tokens
         k = load_kv_tile(K, page * stride_kp + in_page * stride_kt, k_cols, kv_mask, KV_QUANT)
         v = load_kv_tile(V, page * stride_vp + in_page * stride_vt, v_cols, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
@@ -119,7 +120,6 @@ def _decode_split_kernel(
         else:   # one query row: a dot would pad it to 16 rows; multiply-add instead
             qk = tl.sum(k.to(tl.float32) * q_row[None, :], axis=1)[None, :]        # [1, N]
         if KV_QUANT == 2:   # int8: q . (k * scale) = (q . k) * scale, per token (column) and head
-            s_rows = page * stride_sp + in_page * stride_st
             qk = qk * token_scales(KS, s_rows, kvh0, row_head, n_mask, scale_log2, HEADS, BLOCK_R, BLOCK_N)
         else:
             qk = qk * scale_log2

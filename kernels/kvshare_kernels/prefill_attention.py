@@ -52,6 +52,7 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             kv_mask = n_mask[:, None]
         else:
             kv_mask = n_mask[:, None] & d_mask[None, :]
+        s_rows = page * stride_sp + in_page * stride_st      # int8's scales of these tokens
         k = load_kv_tile(k_head, page * stride_kp + in_page * stride_kt, d, kv_mask, KV_QUANT)
         v = load_kv_tile(v_head, page * stride_vp + in_page * stride_vt, d, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
@@ -59,7 +60,6 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             v = v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if KV_QUANT == 2:       # int8 scales fold into the score columns and p (decode_attention)
-            s_rows = page * stride_sp + in_page * stride_st
             qk = qk * token_scales(ks_head, s_rows, 0, 0, n_mask, scale_log2, 1, 1, BLOCK_N)
         else:
             qk = qk * scale_log2
