@@ -18,8 +18,9 @@ one 2k-token system prompt reads the prompt 16 times, and decode is bandwidth-bo
    shortened lengths, with partial outputs on.
 4. A merge kernel combines the suffix and prefix partials exactly (log-sum-exp weights).
 
-8-bit pools: both kernels dequantize tiles as they load them (kv_tiles.load_kv_tile), the same
-way, so the cascade result stays the decode kernel's.
+8-bit pools: both kernels read them the same way (tiles converted to the query's dtype, int8's
+per-token scales folded into the scores and probabilities, fp8's into the score scale and the
+output), so the cascade result stays the decode kernel's.
 
 The prefix kernel runs on a side stream, concurrently with the suffix (joined before the merge;
 capturable in a CUDA graph).
@@ -45,7 +46,7 @@ import triton.language as tl
 from . import checks, kv_quant, reference
 from . import decode_attention as _da
 from .checks import PageTableError, interpreter_bf16
-from .kv_tiles import load_kv_tile
+from .kv_tiles import P_GAIN, load_kv_tile, token_scales
 from .kv_write import scale_launch_args
 
 __all__ = ["CascadePlan", "plan_cascade", "cascade_decode_attention", "cascade_decode_reference",
@@ -395,10 +396,7 @@ def _cascade_prefix_kernel(
     kvh0 = hblk * HEADS
     k_cols = (kvh0 + c_head) * stride_kh + c_d
     v_cols = (kvh0 + c_head) * stride_vh + c_d
-    if HEADS == 1:
-        s_cols = kvh0
-    else:
-        s_cols = kvh0 + c_head
+    row_head = lh // GROUP
     for n in range(start, end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -411,21 +409,27 @@ def _cascade_prefix_kernel(
             kv_mask = n_mask[:, None]
         else:
             kv_mask = n_mask[:, None] & c_mask[None, :]
-        s_rows = page * stride_sp + in_page * stride_st
-        k = load_kv_tile(K, KS, page * stride_kp + in_page * stride_kt, k_cols, s_rows, s_cols, n_mask, kv_mask,
-                         KV_QUANT, HEADS == 1)
-        v = load_kv_tile(V, VS, page * stride_vp + in_page * stride_vt, v_cols, s_rows, s_cols, n_mask, kv_mask,
-                         KV_QUANT, HEADS == 1)
+        s_rows = page * stride_sp + in_page * stride_st      # int8's scales of these tokens
+        k = load_kv_tile(K, page * stride_kp + in_page * stride_kt, k_cols, kv_mask, KV_QUANT)
+        v = load_kv_tile(V, page * stride_vp + in_page * stride_vt, v_cols, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
             k = k.to(q.dtype)
             v = v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
+        if KV_QUANT == 2:       # int8 scales fold into the score columns and p (decode_attention)
+            qk = qk * token_scales(KS, s_rows, kvh0, row_head, n_mask, scale_log2, HEADS, BLOCK_R, BLOCK_N)
+        else:
+            qk = qk * scale_log2
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        if KV_QUANT == 2:
+            p_v = p * token_scales(VS, s_rows, kvh0, row_head, n_mask, P_GAIN, HEADS, BLOCK_R, BLOCK_N)
+        else:
+            p_v = p
+        acc = acc * alpha[:, None] + tl.dot(p_v.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     if HEADS == 1:
@@ -435,6 +439,8 @@ def _cascade_prefix_kernel(
         own = (lh // GROUP)[:, None, None] == tl.arange(0, HEADS)[None, :, None]
         o = tl.sum(tl.where(own, acc3, 0.0), axis=1)
     empty = l_i == 0.0
+    if KV_QUANT == 2:
+        v_scale = v_scale / P_GAIN
     o = o * (v_scale / tl.where(empty, 1.0, l_i))[:, None]
     d = tl.arange(0, BLOCK_D)
     # Partials by batch row: PO [B, Hq, S, D], PLSE [B, Hq, S] (fp32, log2 domain).

@@ -18,10 +18,14 @@ bandwidth:
   heads, ``max_context``), never from reading context_lens, so the launcher never synchronises
   and works inside CUDA graphs. With one split the first kernel writes the output directly.
 * Online softmax in fp32 with exp2 (the scale is pre-multiplied by log2(e)).
-* 8-bit pools (kv_quant): tiles are dequantized as they are loaded (kv_tiles.load_kv_tile), so
-  the pass reads half the bytes; int8's per-(token, head) scales come from the scale tensors
-  beside the pages; fp8's per-tensor K scale is folded into the score scale and its V scale into
-  the output.
+* 8-bit pools (kv_quant): the pass reads half the bytes, and a tile goes from its load to its dot
+  through one convert only (int8 -> the query's dtype is exact; fp8 e4m3 -> 16-bit is a native
+  cvt on Hopper). The scales never touch tile elements: fp8's per-tensor K scale is folded into
+  the score scale and its V scale into the output; int8's per-(token, KV head) scales multiply
+  the score tile's columns (q . k_int8 * k_scale[token]) and the probabilities before p @ v
+  (p * v_scale[token]): one 4-byte load per token and head (kv_tiles.token_scales). The earlier
+  per-element dequant gathered, with two heads per program (MHA), one float32 scale per tile
+  element, 4 bytes of scale loads per byte of K/V: int8 MHA decode measured 10x slower than bf16.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import triton.language as tl
 
 from . import checks, kv_quant
 from .checks import interpreter_bf16
-from .kv_tiles import load_kv_tile
+from .kv_tiles import P_GAIN, load_kv_tile, token_scales
 from .kv_write import scale_launch_args
 
 LOG2E = 1.4426950408889634
@@ -87,10 +91,7 @@ def _decode_split_kernel(
     kvh0 = hblk * HEADS
     k_cols = (kvh0 + c_head) * stride_kh + c_d
     v_cols = (kvh0 + c_head) * stride_vh + c_d
-    if HEADS == 1:
-        s_cols = kvh0
-    else:
-        s_cols = kvh0 + c_head
+    row_head = r // GROUP                       # KV head (within the program) of each row
     for n in range(start, end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -104,27 +105,37 @@ def _decode_split_kernel(
             kv_mask = n_mask[:, None]          # row-constant mask keeps the loads 16 bytes wide
         else:
             kv_mask = n_mask[:, None] & c_mask[None, :]
-        s_rows = page * stride_sp + in_page * stride_st
-        k = load_kv_tile(K, KS, page * stride_kp + in_page * stride_kt, k_cols, s_rows, s_cols, n_mask, kv_mask,
-                         KV_QUANT, HEADS == 1)
-        v = load_kv_tile(V, VS, page * stride_vp + in_page * stride_vt, v_cols, s_rows, s_cols, n_mask, kv_mask,
-                         KV_QUANT, HEADS == 1)
+        s_rows = page * stride_sp + in_page * stride_st      # int8's scales of these tokens
+        k = load_kv_tile(K, page * stride_kp + in_page * stride_kt, k_cols, kv_mask, KV_QUANT)
+        v = load_kv_tile(V, page * stride_vp + in_page * stride_vt, v_cols, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
-            k = k.to(q.dtype)
-            v = v.to(q.dtype)
+            if USE_DOT:
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
+            else:                       # the multiply-adds below are float32: one convert, not two
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
         if USE_DOT:
             qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)                  # [BLOCK_R, N]
         else:   # one query row: a dot would pad it to 16 rows; multiply-add instead
             qk = tl.sum(k.to(tl.float32) * q_row[None, :], axis=1)[None, :]        # [1, N]
-        qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
+        if KV_QUANT == 2:   # int8: q . (k * scale) = (q . k) * scale, per token (column) and head
+            qk = qk * token_scales(KS, s_rows, kvh0, row_head, n_mask, scale_log2, HEADS, BLOCK_R, BLOCK_N)
+        else:
+            qk = qk * scale_log2
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if USE_DOT:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        if KV_QUANT == 2:   # p @ (v * scale) = (p * scale) @ v, the scale per token (row of v)
+            pv_w = p * token_scales(VS, s_rows, kvh0, row_head, n_mask, P_GAIN, HEADS, BLOCK_R, BLOCK_N)
         else:
-            pv = tl.sum(tl.sum(p, axis=0)[:, None] * v.to(tl.float32), axis=0)[None, :]
+            pv_w = p
+        if USE_DOT:
+            pv = tl.dot(pv_w.to(v.dtype), v, input_precision=PRECISION)
+        else:
+            pv = tl.sum(tl.sum(pv_w, axis=0)[:, None] * v.to(tl.float32), axis=0)[None, :]
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
@@ -135,6 +146,8 @@ def _decode_split_kernel(
         own = (r // GROUP)[:, None, None] == tl.arange(0, HEADS)[None, :, None]
         o = tl.sum(tl.where(own, acc3, 0.0), axis=1)
     empty = l_i == 0.0                  # a split past this request's context
+    if KV_QUANT == 2:
+        v_scale = v_scale / P_GAIN
     o = o * (v_scale / tl.where(empty, 1.0, l_i))[:, None]
     d = tl.arange(0, BLOCK_D)
     store_mask = r_mask[:, None] & (d < HEAD_DIM)[None, :]

@@ -2,7 +2,9 @@
 
 ``KV_QUANT`` (constexpr) is kv_quant.mode_of(cache): 0 none, 1 fp8 e4m3 (uint8 storage, per-tensor
 scale applied by the caller: folded into the score scale for K, into the output for V), 2 int8
-with a float32 scale per (token, KV head) at S + page * stride_sp + slot * stride_st + head.
+with a float32 scale per (token, KV head) at S + page * stride_sp + slot * stride_st + head, which
+readers fold into the scores (K: a per-column scale of q @ k^T) and the probabilities (V: p * scale
+before p @ v) instead of scaling tile elements.
 """
 
 from __future__ import annotations
@@ -11,25 +13,42 @@ import triton
 import triton.language as tl
 
 
+# int8: p is multiplied by the V scales (amax / 127) before it becomes a dot operand; in fp16 small
+# products would fall into subnormals and lose bits. 2^7 (exact) keeps p * scale near p * amax; the
+# kernels take it back out of the output.
+P_GAIN = tl.constexpr(128.0)
+
+
 @triton.jit
-def load_kv_tile(C, S, rows, cols, s_rows, s_cols, n_mask, mask, KV_QUANT: tl.constexpr, ONE_HEAD: tl.constexpr):
-    """Tile [N, BLOCK_C] of a cache at C + rows[:, None] + cols[None, :]: as stored when KV_QUANT is 0,
-    else dequantized to float32 (fp8 without its per-tensor scale). int8 scales at S + s_rows[:, None]
-    + s_cols[None, :]; with ONE_HEAD every column is one head and s_cols is that head's offset."""
+def load_kv_tile(C, rows, cols, mask, KV_QUANT: tl.constexpr):
+    """Tile [N, BLOCK_C] of a cache at C + rows[:, None] + cols[None, :], as stored (fp8 bits bitcast to
+    e4m3). No scale is applied here: the caller converts the tile to the dot's dtype (int8 exactly, fp8
+    with the native convert) and folds the scales into the scores and probabilities, so a load feeds
+    its dot through one convert, with no float32 multiply per element."""
     if KV_QUANT == 0:
         x = tl.load(C + rows[:, None] + cols[None, :], mask=mask, other=0.0)
-    elif KV_QUANT == 1:
-        x = tl.load(C + rows[:, None] + cols[None, :], mask=mask, other=0)
-        x = x.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     else:
-        x = tl.load(C + rows[:, None] + cols[None, :], mask=mask, other=0).to(tl.float32)
-        if ONE_HEAD:
-            s = tl.load(S + s_rows + s_cols, mask=n_mask, other=0.0)
-            x = x * s[:, None]
-        else:
-            s = tl.load(S + s_rows[:, None] + s_cols[None, :], mask=mask, other=0.0)
-            x = x * s
+        x = tl.load(C + rows[:, None] + cols[None, :], mask=mask, other=0)
+        if KV_QUANT == 1:
+            x = x.to(tl.float8e4nv, bitcast=True)
     return x
+
+
+@triton.jit
+def token_scales(S, s_rows, kvh0, row_head, n_mask, factor, HEADS: tl.constexpr, BLOCK_R: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """int8 per-(token, KV head) scales times ``factor`` as a multiplier of a score or probability tile:
+    element (r, n) is token n's scale for row r's KV head kvh0 + row_head[r], read at S + s_rows[n] +
+    that head. One head: [1, BLOCK_N] (one 4-byte load per token); HEADS > 1: [BLOCK_R, BLOCK_N] from
+    HEADS such loads (never one load per tile element)."""
+    if HEADS == 1:
+        sc = (tl.load(S + s_rows + kvh0, mask=n_mask, other=0.0) * factor)[None, :]
+    else:
+        sc = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
+        for h in tl.static_range(HEADS):
+            sh = tl.load(S + s_rows + (kvh0 + h), mask=n_mask, other=0.0) * factor
+            sc = tl.where((row_head == h)[:, None], sh[None, :], sc)
+    return sc
 
 
 @triton.jit

@@ -15,7 +15,8 @@ The grid's first dimension covers max_query_len, which the caller knows on the h
 scheduler chose the chunk sizes); by default it is the total number of query tokens, an upper
 bound that costs only idle programs, never a synchronisation.
 
-8-bit pools are dequantized tile by tile as in the decode kernel (kv_tiles.load_kv_tile); the
+8-bit pools as in the decode kernel: tiles converted to the query's dtype, scales folded into the
+scores and probabilities (int8) or the score scale and output (fp8); the
 chunk's own new tokens are read back from the pool like the cached ones, so prefill sees exactly
 the K/V that later decode steps see.
 """
@@ -28,7 +29,7 @@ import triton.language as tl
 
 from . import checks, kv_quant
 from .checks import interpreter_bf16
-from .kv_tiles import load_kv_tile
+from .kv_tiles import P_GAIN, load_kv_tile, token_scales
 from .kv_write import scale_launch_args
 
 LOG2E = 1.4426950408889634
@@ -51,22 +52,28 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             kv_mask = n_mask[:, None]
         else:
             kv_mask = n_mask[:, None] & d_mask[None, :]
-        s_rows = page * stride_sp + in_page * stride_st
-        k = load_kv_tile(k_head, ks_head, page * stride_kp + in_page * stride_kt, d, s_rows, 0, n_mask, kv_mask,
-                         KV_QUANT, True)
-        v = load_kv_tile(v_head, vs_head, page * stride_vp + in_page * stride_vt, d, s_rows, 0, n_mask, kv_mask,
-                         KV_QUANT, True)
+        s_rows = page * stride_sp + in_page * stride_st      # int8's scales of these tokens
+        k = load_kv_tile(k_head, page * stride_kp + in_page * stride_kt, d, kv_mask, KV_QUANT)
+        v = load_kv_tile(v_head, page * stride_vp + in_page * stride_vt, d, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
             k = k.to(q.dtype)
             v = v.to(q.dtype)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if KV_QUANT == 2:       # int8 scales fold into the score columns and p (decode_attention)
+            qk = qk * token_scales(ks_head, s_rows, 0, 0, n_mask, scale_log2, 1, 1, BLOCK_N)
+        else:
+            qk = qk * scale_log2
         if CAUSAL:
             qk = tl.where((offs_n[None, :] <= pos[:, None]) & n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        if KV_QUANT == 2:
+            p_v = p * token_scales(vs_head, s_rows, 0, 0, n_mask, P_GAIN, 1, 1, BLOCK_N)
+        else:
+            p_v = p
+        acc = acc * alpha[:, None] + tl.dot(p_v.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -121,6 +128,8 @@ def _prefill_kernel(
     acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, full_end, last_key, scale_log2,
                                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask,
                                   BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, True, PRECISION, UPCAST, KV_QUANT)
+    if KV_QUANT == 2:
+        v_scale = v_scale / P_GAIN
     out = acc * (v_scale / l_i)[:, None]
     o_rows = (q_start + tok).to(tl.int64)
     tl.store(O + o_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],

@@ -261,7 +261,7 @@ SUITES: tuple[Suite, ...] = (
           "16-bit: ~69 GB of KV at once)",
           (Stage("tests", KERNEL_TESTS, 180),
            Stage("decode", (PY, "perf/kernels/bench_decode_attention.py", "--kv-dtypes", "--json", "{out}/decode.json",
-                            "--md", "{out}/tables.md"), 120, ("decode.json", "tables.md"), needs=("tests",)),
+                            "--md", "{out}/tables.md"), 180, ("decode.json", "tables.md"), needs=("tests",)),
            Stage("accuracy", (PY, "-m", "perf.engine.kv_dtype_accuracy", "--model", "dummy:llama-2-7b", "--device",
                               "cuda", "--dtype", "float16", "--json", "{out}/accuracy.json", "--md",
                               "{out}/accuracy.md"), 150, ("accuracy.json", "accuracy.md"), needs=("tests",)),

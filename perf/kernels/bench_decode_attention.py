@@ -7,7 +7,8 @@ torch's scaled_dot_product_attention on contiguous K/V (the unpaged best case) a
 Heads: Llama-3-8B (32 q / 8 kv) and Llama-2-7B (32 / 32), head_dim 128, bf16; batch 1/16/64/256 x
 context 512/2k/8k; page sizes 16 and 64; pages shuffled in the pool (a fragmented pool, as after
 hours of serving). --kv-dtypes times the same kernel on bf16, fp8 e4m3 and int8 pages (bytes actually
-read: 8-bit K/V plus int8's float32 scale per token and KV head). The bar: the public Triton paged decode kernel shared by vLLM/SGLang measured
+read: 8-bit K/V plus int8's float32 scale per token and KV head), and the 8-bit pages again under
+other tiles (KV8_VARIANTS). The bar: the public Triton paged decode kernel shared by vLLM/SGLang measured
 3.5 TB/s (32/8, 64 x 2k) and 2.9 (32/32) on the same H200 (docs/kernels.md).
 """
 
@@ -132,18 +133,43 @@ def table(md=None):
 
 
 KV_DTYPE_SHAPES = [(32, 8, 64, 2048), (32, 8, 256, 2048), (32, 8, 16, 8192), (32, 32, 64, 2048), (32, 32, 256, 2048)]
+# Tiles for 8-bit pages beside the defaults (which are the 16-bit ones): a tile of 8-bit K/V holds
+# half the bytes, so longer tiles or more KV heads per program (MHA: 4 heads = 512 contiguous bytes
+# per token, as bf16's 2) may pay off where they did not for 16-bit.
+KV8_VARIANTS = {
+    "gqa": [dict(block_n=128, num_warps=4), dict(block_n=128, num_warps=8), dict(block_n=64, num_warps=8),
+            dict(block_n=64, num_stages=4)],
+    "mha": [dict(heads_per_program=4, block_n=32, num_warps=4), dict(heads_per_program=4, block_n=32, num_warps=8),
+            dict(heads_per_program=2, block_n=64, num_warps=4), dict(heads_per_program=2, block_n=64, num_warps=8),
+            dict(heads_per_program=1, block_n=64, num_warps=4)],
+}
+
+
+def _time_decode(q, kc, vc, pt, lens, out, ctx, scales, cfg):
+    from kvshare_kernels import kernels
+    fn = lambda: kernels.paged_decode_attention(q, kc, vc, pt, lens, D ** -0.5, out, max_context=ctx,  # noqa: E731
+                                                **scales, **cfg)
+    try:
+        return bc.bench_graph(fn)
+    except Exception as e:   # a config out of resources (shared memory) is a result, not a crash
+        print(f"  {cfg} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        return float("nan")
 
 
 def kv_dtype_table(md=None):
-    """Decode attention at page 16 over bf16, fp8 e4m3 and int8 pages: time, bytes read, TB/s, speedup."""
-    from kvshare_kernels import kernels, kv_quant
-    rows, results = [], []
+    """Decode attention at page 16 over bf16, fp8 e4m3 and int8 pages: time, bytes read, TB/s, speedup;
+    then the 8-bit pages under KV8_VARIANTS' tiles."""
+    from kvshare_kernels import kv_quant
+    rows, results, vrows = [], [], []
     for hq, hkv, b, ctx in KV_DTYPE_SHAPES:
         if bc.DRY_RUN:
             b, ctx = min(b, 2), min(ctx, 64)
         q, k, v, pt, lens = make_paged(b, hq, hkv, ctx, 16, bc.device())
         out = torch.empty_like(q)
         base = None
+        variants = KV8_VARIANTS["mha" if hq == hkv else "gqa"]
+        if bc.DRY_RUN:
+            variants = variants[:1]
         for name, dt in (("bf16", None), ("fp8_e4m3", kv_quant.FP8), ("int8", torch.int8)):
             if dt is None:
                 kc, vc, scales = k, v, {}
@@ -152,25 +178,28 @@ def kv_dtype_table(md=None):
                 vc, vs = kv_quant.quantize(v, dt)
                 scales = dict(k_scale=ks, v_scale=vs) if dt == torch.int8 else dict(k_scale=1.0, v_scale=1.0)
             nbytes = b * ctx * 2 * hkv * kv_quant.bytes_per_token_head(D, kc.dtype)
-            fn = lambda: kernels.paged_decode_attention(q, kc, vc, pt, lens, D ** -0.5, out, max_context=ctx,  # noqa: E731
-                                                        **scales)
-            try:
-                t = bc.bench_graph(fn)
-            except Exception as e:
-                print(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                t = float("nan")
+            t = _time_decode(q, kc, vc, pt, lens, out, ctx, scales, {})
             base = t if base is None else base
             row = [f"{hq}/{hkv}", b, ctx, name, f"{nbytes / 1e9:.3f}", f"{t * 1e6:.1f}", f"{nbytes / t / 1e12:.2f}",
                    f"{base / t:.2f}"]
             rows.append(row)
             results.append(dict(hq=hq, hkv=hkv, batch=b, ctx=ctx, kv_dtype=name, bytes=nbytes, seconds=t))
             print("  " + " | ".join(str(x) for x in row), flush=True)
+            for cfg in variants if dt is not None else ():
+                tv = _time_decode(q, kc, vc, pt, lens, out, ctx, scales, cfg)
+                vrows.append([f"{hq}/{hkv}", b, ctx, name, str(cfg), f"{tv * 1e6:.1f}", f"{nbytes / tv / 1e12:.2f}",
+                              f"{base / tv:.2f}", f"{t / tv:.2f}"])
+                results.append(dict(hq=hq, hkv=hkv, batch=b, ctx=ctx, kv_dtype=name, bytes=nbytes, seconds=tv, cfg=cfg))
+                print("  " + " | ".join(str(x) for x in vrows[-1]), flush=True)
             del kc, vc, scales
         del q, k, v, pt, lens, out
         bc.free()
     header = ["heads q/kv", "batch", "ctx", "pages", "bytes read GB", "us", "TB/s", "speedup vs bf16"]
     bc.print_table("paged decode attention by KV dtype, page 16, head_dim 128, bf16 queries (graph-timed)", header,
                    rows, md)
+    bc.print_table("8-bit pages under other tiles (same shapes; defaults above are the 16-bit tiles)",
+                   ["heads q/kv", "batch", "ctx", "pages", "config", "us", "TB/s", "speedup vs bf16",
+                    "vs this dtype's default"], vrows, md)
     return results
 
 

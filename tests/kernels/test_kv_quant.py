@@ -19,7 +19,7 @@ from paged_cases import dense_attention, make_case, rel_err
 
 FP8, INT8 = kv_quant.FP8, torch.int8
 QDTYPES = [pytest.param(FP8, id="fp8"), pytest.param(INT8, id="int8")]
-TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}     # beyond the quantization: rounding only
+TOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}     # beyond the quantization: rounding only
 LENS = [1, 7, 33, 50]
 
 
@@ -183,6 +183,7 @@ def _check_decode(impl, case, hq, d, dtype, device, **kw):
     (16, 6, 2, dict(num_splits=3, block_n=16)),                      # GQA 3, split-K, one page per tile
     (1, 2, 2, dict(num_splits=2, block_n=16, use_dot=False)),        # MHA, page size 1, no dot
     (4, 4, 4, dict(num_splits=2, block_n=16, heads_per_program=2)),  # MHA, two KV heads per program
+    (4, 8, 4, dict(num_splits=1, block_n=16, heads_per_program=2)),  # GQA 2, two KV heads per program
 ])
 def test_decode_reads_quantized_pages(dtype, page_size, hq, hkv, kw, device):
     case = QuantCase(LENS, page_size, hkv, 16, dtype, device, seed=page_size + hq, fp8_scales=(0.5, 2.0))
@@ -194,6 +195,14 @@ def test_decode_reference_and_bf16_queries(dtype, device):
     case = QuantCase(LENS, 4, 2, 16, dtype, device, seed=9)
     _check_decode(reference, case, 4, 16, torch.float32, device)
     _check_decode(kernels, case, 4, 16, torch.bfloat16, device, num_splits=2, block_n=16)
+
+
+@pytest.mark.parametrize("dtype", QDTYPES)
+def test_decode_mha_fp16_queries(dtype, device):
+    """MHA's default path (two KV heads per program) with fp16 queries: int8's scaled probabilities
+    and fp8's e4m3 -> fp16 convert feed fp16 dots; the per-head scales must reach the right rows."""
+    case = QuantCase(LENS, 4, 4, 16, dtype, device, seed=13, fp8_scales=(0.5, 2.0))
+    _check_decode(kernels, case, 4, 16, torch.float16, device, num_splits=2)
 
 
 @pytest.mark.parametrize("dtype", QDTYPES)
@@ -227,6 +236,23 @@ def test_cascade_reads_quantized_pages(dtype, device):
         for i in range(len(lens)):
             ref = dense_attention(q[i: i + 1], case.dense_k[i], case.dense_v[i], d ** -0.5)[0]
             assert rel_err(out[i], ref) < TOL[torch.float32], f"{impl.__name__} row {i}"
+
+
+@pytest.mark.parametrize("dtype", QDTYPES)
+def test_cascade_mha_two_heads_per_program(dtype, device):
+    """MHA cascade with two KV heads per program on both sides (block-diagonal queries): each row's
+    int8 scales are its own KV head's."""
+    lens = [40, 40, 41, 9]
+    case = QuantCase(lens, 4, 4, 16, dtype, device, seed=6, fp8_scales=(0.5, 2.0))
+    plan = cd.plan_cascade(case.page_table.cpu(), case.context_lens.cpu(), 4)
+    assert plan.num_groups >= 1
+    q = torch.randn(len(lens), 4, 16, generator=torch.Generator().manual_seed(9)).to(device)
+    out = cd.cascade_decode_attention(q, case.k_cache, case.v_cache, case.page_table, case.context_lens,
+                                      plan.to(device), 16 ** -0.5, heads_per_program=2, suffix_heads_per_program=2,
+                                      prefix_splits=2, num_splits=2, **case.scales)
+    for i in range(len(lens)):
+        ref = dense_attention(q[i: i + 1], case.dense_k[i], case.dense_v[i], 16 ** -0.5)[0]
+        assert rel_err(out[i], ref) < TOL[torch.float32], f"row {i}"
 
 
 # ----------------------------------------------------------------------------------------------
