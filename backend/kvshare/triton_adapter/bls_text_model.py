@@ -18,7 +18,7 @@ import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
 from . import contract
-from .response_stream import error_response
+from .response_stream import error_response, serve_to_the_end
 from .text_prompt import TextPrompter
 
 log = logging.getLogger("kvshare.triton")
@@ -61,7 +61,9 @@ class BLSTextModel:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _serve(self, request) -> None:
-        sender = request.get_response_sender()
+        serve_to_the_end(pb_utils, "llm_bls", request, self._stream, log)
+
+    def _stream(self, request, sender) -> None:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         def get(name):
             t = pb_utils.get_input_tensor_by_name(request, name)

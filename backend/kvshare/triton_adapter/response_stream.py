@@ -67,6 +67,46 @@ def error_response(pb, message: str, code: str = "INVALID_ARG"):
     return pb.InferenceResponse(output_tensors=[], error=err)
 
 
+class FinalTracking:
+    """A request's response sender that remembers whether its final response went out."""
+
+    def __init__(self, sender, final_flag: int):
+        self._sender = sender
+        self._final_flag = final_flag
+        self.final_sent = False
+
+    def send(self, response=None, flags: int = 0) -> None:
+        if response is None:
+            self._sender.send(flags=flags)
+        else:
+            self._sender.send(response, flags=flags)
+        if flags & self._final_flag:
+            self.final_sent = True
+
+    def is_cancelled(self) -> bool:
+        return self._sender.is_cancelled()
+
+
+def serve_to_the_end(pb, name: str, request, serve: Callable[[object, FinalTracking], None], log) -> None:
+    """Runs serve(request, sender) on a worker thread so that the request always ends: an exception
+    is logged (a worker's future is never read, so it would vanish), and a request left without its
+    final response (serve failed before or while sending it) gets an INTERNAL one. Triton does not
+    end a decoupled request whose sender is dropped: its client would wait forever."""
+    final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    sender = FinalTracking(request.get_response_sender(), final)
+    try:
+        serve(request, sender)
+    except BaseException:
+        log.exception("%s: serving a request failed", name)
+    finally:
+        if not sender.final_sent:
+            try:
+                sender.send(error_response(pb, f"{name}: the request ended without its final response "
+                                               "(internal error, see the server log)", "INTERNAL"), flags=final)
+            except Exception:
+                log.exception("%s: the backstop final response could not be sent", name)
+
+
 def overloaded_response(pb, in_flight: int, limit: int):
     return error_response(pb, f"llm_engine is overloaded: {in_flight} requests are already running or queued "
                               f"(max_queued_requests = {limit}); retry later", "UNAVAILABLE")

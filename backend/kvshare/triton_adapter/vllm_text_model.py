@@ -39,7 +39,7 @@ import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
 from .inputs import Getter, decode_utf8
-from .response_stream import error_response
+from .response_stream import error_response, serve_to_the_end
 from .text_prompt import TextPrompter
 from .vllm_params import ParsedSampling, parse_request_parameters, parse_sampling_parameters
 
@@ -498,7 +498,9 @@ class VLLMTextModel:
                             tokenizer=self.prompter.tokenizer, eos_ids=self.eos_ids)
 
     def _serve(self, request) -> None:
-        sender = request.get_response_sender()
+        serve_to_the_end(pb_utils, "vllm_model", request, self._stream, log)
+
+    def _stream(self, request, sender) -> None:
         try:
             req = self._read(request)
         except InvalidRequest as exc:
@@ -521,7 +523,7 @@ class VLLMTextModel:
         def send_final(response):
             nonlocal final_sent
             self.watch.remove(token)
-            final_sent = True
+            final_sent = True         # a send that raises leaves sender.final_sent False: the backstop ends it
             sender.send(response, flags=FINAL)
 
         try:

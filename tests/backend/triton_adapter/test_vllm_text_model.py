@@ -496,3 +496,35 @@ def test_cancel_watch_never_probes_a_removed_sender_and_fires_once(vm):
     assert fired == ["a"] and b_.probes_after_final == 0
     watch.remove(ta)
     watch.close()
+
+
+class FinalFailsOnce(FakeSender):
+    """A sender whose first final send raises, as a stub's send does when its IPC fails."""
+
+    def send(self, response=None, flags=0):
+        if flags and not getattr(self, "failed", False):
+            self.failed = True
+            raise RuntimeError("the stub could not send the response")
+        super().send(response, flags)
+
+
+def test_a_final_that_fails_to_send_is_replaced_by_an_internal_error_final(vm, tokenizer):
+    model = make_model(vm, tokenizer)
+    FakeBLS.script = lambda bls: engine_stream(engine_arrays(" world", [5, 6], "stop"))
+    req = FakeRequest(json.dumps({"temperature": 0}), text_input=s("Hello"), stream=b(False))
+    req.sender = FinalFailsOnce()
+    model._serve(req)
+    (resp, flags), = req.sender.sent
+    assert flags == 1 and resp.error().code() == "INTERNAL"
+    assert "without its final response" in resp.error().message()
+    model.watch.close()
+
+
+def test_an_exception_outside_the_stream_still_ends_the_request(vm, tokenizer, monkeypatch):
+    model = make_model(vm, tokenizer)
+    monkeypatch.setattr(model, "_read", lambda request: (_ for _ in ()).throw(KeyboardInterrupt()))
+    req = FakeRequest(text_input=s("Hi"))
+    model._serve(req)
+    (resp, flags), = req.sender.sent
+    assert flags == 1 and resp.error().code() == "INTERNAL"
+    model.watch.close()
