@@ -259,12 +259,3 @@ def _timeout_s(request) -> float | None:
     engine enforces it, over the request's whole life (queued and running)."""
     micros = request.timeout()
     return micros / 1e6 if micros else None
-
-
-def _keyed_id(key) -> str:
-    raw = key.reshape(-1)[0]
-    return "key:" + (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
-
-
-def _as_numpy(tensor):
-    return None if tensor is None else tensor.as_numpy()
