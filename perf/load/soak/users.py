@@ -169,7 +169,12 @@ class KillUser(SoakUser):
         elif status == "timeout":
             result, expected = HUNG, False
         elif status == "exited":
-            result, expected = "client_process_exited", False
+            # Killed by a signal of its own before it said anything (e.g. gRPC's abort in the client,
+            # "epoll_wait error: Bad file descriptor", seen once in 442 requests): a client crash that
+            # the server cannot cause; its connection dies as the kill's would. Any other early exit
+            # is unexpected.
+            crashed = exited is not None and exited < 0
+            result, expected = ("client_process_crashed", True) if crashed else ("client_process_exited", False)
         else:
             result, expected = "client_process_error", False
         outcome = Outcome(KILL, model, result, expected, line, time.time())
