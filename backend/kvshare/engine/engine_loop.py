@@ -210,11 +210,12 @@ class EngineLoop:
         while not self._stopping.wait(self._cancel_poll_s):
             if self._serving is not None and not self.draining and time.monotonic() >= next_serving_poll:
                 next_serving_poll = time.monotonic() + self._serving_poll_s
-                # None: cannot tell (e.g. before the first request); two "no"s in a row, so that one
-                # odd answer never ends every request.
+                # None: cannot tell (e.g. before the first request). The first "no" drains: a second
+                # readiness call into a server that is unloading its models aborted tritonserver
+                # (boost::interprocess::lock_exception), so none is made after it.
                 serving = self._safe(self._serving)
                 not_serving = not_serving + 1 if serving is False else 0
-                if not_serving >= 2:
+                if not_serving >= 1:
                     with self._count_lock:
                         self.draining = True
                     self._inbox.put(("drain", None))

@@ -268,8 +268,9 @@ def test_once_the_server_stops_serving_every_request_ends_and_new_ones_are_refus
 def test_no_drain_while_the_server_cannot_tell():
     engine = FakeEngine(step_s=0.005)
     got: queue.SimpleQueue = queue.SimpleQueue()
-    # None: cannot tell (before the first execute); "no"s that are not consecutive
-    answers = iter([None, False, None, False, True, False] + [True] * 10_000)
+    # None: cannot tell (before the first execute); yes. A single "no" drains (a second readiness
+    # call into an unloading server aborted it), so none comes here.
+    answers = iter([None, True, None, None, True] + [True] * 10_000)
     loop = EngineLoop(engine, cancel_poll_s=0.01, serving=lambda: next(answers), serving_poll_s=0.01)
     try:
         loop.submit(Submission("a", [1], SamplingParams(max_tokens=60, ignore_eos=True), "", False, got.put, None))
