@@ -58,20 +58,13 @@ def copy_page_tensors(tensors: Sequence[torch.Tensor], src_pages: torch.Tensor, 
                       dst_tensors: Sequence[torch.Tensor] | None = None, debug: bool | None = None) -> None:
     """src_pages/dst_pages int32 [N]; tensors: page dimension first, any page shape and dtype; into
     ``dst_tensors`` (same page shapes and dtypes, any number of pages, any device) when given."""
-    src_list = list(tensors)
-    dst_list = src_list if dst_tensors is None else list(dst_tensors)
-    reference.check_page_tensor_lists(src_list, dst_list, "copy_pages")
-    if src_pages.shape != dst_pages.shape or src_pages.dim() != 1:
-        raise ValueError(f"copy_pages: src_pages {tuple(src_pages.shape)} and dst_pages {tuple(dst_pages.shape)} must be equal 1-D")
+    src_list, dst_list = reference.copy_page_args(tensors, src_pages, dst_pages, dst_tensors, debug)
     if not src_list:
         return
-    if checks.debug_enabled(debug):
-        checks.check_page_list_values(src_pages, src_list[0].shape[0], "src_pages")
-        checks.check_page_list_values(dst_pages, dst_list[0].shape[0], "dst_pages")
-        if dst_tensors is None:
-            both = set(src_pages.tolist()) & set(dst_pages.tolist())
-            if both:
-                raise checks.PageTableError(f"copy_pages: pages {sorted(both)[:8]} are both source and destination")
+    if dst_tensors is None and checks.debug_enabled(debug):
+        both = set(src_pages.tolist()) & set(dst_pages.tolist())
+        if both:
+            raise checks.PageTableError(f"copy_pages: pages {sorted(both)[:8]} are both source and destination")
     n = src_pages.shape[0]
     if n == 0:
         return

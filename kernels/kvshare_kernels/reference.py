@@ -146,21 +146,27 @@ def check_page_tensor_lists(src: list[torch.Tensor], dst: list[torch.Tensor], wh
                              f"{b.dtype} {tuple(b.shape[1:])} per page")
 
 
-def copy_page_tensors(tensors: Sequence[torch.Tensor], src_pages: torch.Tensor, dst_pages: torch.Tensor, *,
-                      dst_tensors: Sequence[torch.Tensor] | None = None, debug: bool | None = None) -> None:
-    """Copy pages src_pages[i] -> dst_pages[i] of every tensor (page dimension first, any dtype and
-    page shape: K, V, int8's scales; KVCache.page_tensors()), into ``dst_tensors`` when given
-    (another pool, possibly on another device), else within each tensor (copy on write)."""
+def copy_page_args(tensors, src_pages: torch.Tensor, dst_pages: torch.Tensor, dst_tensors, debug):
+    """copy_pages' checked arguments (kernel and reference): the source and destination tensor lists."""
     src_list = list(tensors)
     dst_list = src_list if dst_tensors is None else list(dst_tensors)
     check_page_tensor_lists(src_list, dst_list, "copy_pages")
     if src_pages.shape != dst_pages.shape or src_pages.dim() != 1:
         raise ValueError(f"copy_pages: src_pages {tuple(src_pages.shape)} and dst_pages {tuple(dst_pages.shape)} must be equal 1-D")
-    if not src_list:
-        return
-    if checks.debug_enabled(debug):
+    if src_list and checks.debug_enabled(debug):
         checks.check_page_list_values(src_pages, src_list[0].shape[0], "src_pages")
         checks.check_page_list_values(dst_pages, dst_list[0].shape[0], "dst_pages")
+    return src_list, dst_list
+
+
+def copy_page_tensors(tensors: Sequence[torch.Tensor], src_pages: torch.Tensor, dst_pages: torch.Tensor, *,
+                      dst_tensors: Sequence[torch.Tensor] | None = None, debug: bool | None = None) -> None:
+    """Copy pages src_pages[i] -> dst_pages[i] of every tensor (page dimension first, any dtype and
+    page shape: K, V, int8's scales; KVCache.page_tensors()), into ``dst_tensors`` when given
+    (another pool, possibly on another device), else within each tensor (copy on write)."""
+    src_list, dst_list = copy_page_args(tensors, src_pages, dst_pages, dst_tensors, debug)
+    if not src_list:
+        return
     for a, b in zip(src_list, dst_list):
         a, b = kv_quant.storage_view(a), kv_quant.storage_view(b)     # torch has no fp8 index_copy on the CPU
         src = src_pages.to(a.device).long()

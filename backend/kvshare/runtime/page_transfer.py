@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
+from kvshare_kernels.kv_quant import storage_view
 
 from .kv_cache import KVCache
 
@@ -91,9 +92,4 @@ class PageTransfer:
             staged = torch.empty((len(slots),) + tuple(dst.shape[1:]), dtype=dst.dtype, device=dst.device)
             for at, first, n in slot_runs(slots):
                 staged[at:at + n].copy_(src[first:first + n], non_blocking=not blocking)
-            _bytes(dst).index_copy_(0, pages, _bytes(staged))
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """fp8 pages as their bytes: index_copy_ has no Float8 kernel on the CPU; a copy moves bytes anyway."""
-    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
+            storage_view(dst).index_copy_(0, pages, storage_view(staged))   # no fp8 index_copy on the CPU

@@ -13,6 +13,7 @@ from typing import Optional
 
 import numpy as np
 
+from kvshare_client.locust_user import DEFAULT_PROMPTS
 from kvshare_client.types import GenerationRequest
 from kvshare_client.wire import WireTensor, build_tensors
 from kvshare_client.workload import synthetic_token_requests
@@ -22,15 +23,7 @@ MODELS = ("ensemble", "llm_bls", "vllm_model", "llm_engine")
 # step, so an abandoned ensemble request runs to its end (docs/decisions.md).
 CANCELLABLE = frozenset({"llm_bls", "vllm_model", "llm_engine"})
 
-PROMPTS = (
-    "Write a haiku about the sea.",
-    "Explain what a KV cache is in one paragraph.",
-    "List three uses of a hash table.",
-    "What is the capital of France?",
-    "Give me a short recipe for pancakes.",
-    "Summarise the plot of Hamlet in two sentences.",
-    "Why is the sky blue?",
-    "Translate 'good morning' into Spanish, French and German.",
+PROMPTS = DEFAULT_PROMPTS + (
     "Describe a cat to someone who has never seen one. Use plain words, short sentences and mention "
     "the tail, the whiskers, the way it sits in the sun and how it sounds when it is happy.",
     "写一首关于秋天的短诗。",
