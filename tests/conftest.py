@@ -13,6 +13,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_finish(session) -> None:
+    """Locust monkey-patches threading with gevent on import; in the pytest process that turns the
+    tests' threads into greenlets and has crashed torch (a segfault in a threaded all-reduce).
+    Locust belongs in its own process (the soak, run_locust.sh): fail at once if a test module
+    pulled it in."""
+    leaked = [m for m in ("gevent", "locust") if m in sys.modules]
+    if leaked:
+        raise pytest.UsageError(f"collecting the tests imported {leaked} into the pytest process; import "
+                                "locust-based modules (kvshare_client.locust_user, perf.load.soak.users) "
+                                "only in a subprocess")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -40,23 +40,11 @@ from .raw_stream import RawStreamSession  # noqa: E402
 from .slo import SloGates, evaluate  # noqa: E402
 from .types import TEXT_MODEL, TOKEN_MODEL, Completion, GenerationRequest  # noqa: E402
 from .wire import build_tensors  # noqa: E402
-from .workload import RoundRobin, load_workload, synthetic_token_requests  # noqa: E402
+from .workload import DEFAULT_PROMPTS, RoundRobin, load_workload, synthetic_token_requests  # noqa: E402
 
 log = logging.getLogger("kvshare.locust")
 
 STREAM_TYPE, TTFT_TYPE, ITL_TYPE = "stream", "ttft", "itl"
-
-# Used when no workload file is given: short, varied instructions that fit any small model.
-DEFAULT_PROMPTS = (
-    "Write a haiku about the sea.",
-    "Explain what a KV cache is in one paragraph.",
-    "List three uses of a hash table.",
-    "What is the capital of France?",
-    "Give me a short recipe for pancakes.",
-    "Summarise the plot of Hamlet in two sentences.",
-    "Why is the sky blue?",
-    "Translate 'good morning' into Spanish, French and German.",
-)
 
 
 @events.init_command_line_parser.add_listener

@@ -21,6 +21,18 @@ from .types import GenerationRequest
 
 _FIELDS = {f.name for f in dataclasses.fields(GenerationRequest)}
 
+# Used when no workload file is given: short, varied instructions that fit any small model.
+DEFAULT_PROMPTS = (
+    "Write a haiku about the sea.",
+    "Explain what a KV cache is in one paragraph.",
+    "List three uses of a hash table.",
+    "What is the capital of France?",
+    "Give me a short recipe for pancakes.",
+    "Summarise the plot of Hamlet in two sentences.",
+    "Why is the sky blue?",
+    "Translate 'good morning' into Spanish, French and German.",
+)
+
 
 def request_from_mapping(
     entry: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None, *, where: str = ""

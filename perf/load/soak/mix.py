@@ -13,10 +13,9 @@ from typing import Optional
 
 import numpy as np
 
-from kvshare_client.locust_user import DEFAULT_PROMPTS
 from kvshare_client.types import GenerationRequest
 from kvshare_client.wire import WireTensor, build_tensors
-from kvshare_client.workload import synthetic_token_requests
+from kvshare_client.workload import DEFAULT_PROMPTS, synthetic_token_requests
 
 MODELS = ("ensemble", "llm_bls", "vllm_model", "llm_engine")
 # Models whose stream cancel reaches the engine; Triton 2.51 does not cancel a running ensemble
