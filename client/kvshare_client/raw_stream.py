@@ -7,16 +7,21 @@ module wraps it. It needs no gevent itself and runs just as well on plain thread
 
 The call stays open between requests (one gRPC stream per owner, like a tritonclient client); any
 error closes it and the next request opens a new one, so a broken stream never poisons the next.
+Because the call outlives its requests, ``stream_timeout`` is each request's own deadline, enforced
+by cancelling the call, and never a gRPC deadline on the call: that one counted from the stream's
+opening, so a request on a stream that had served others for that long failed as "deadline
+exceeded" after seconds (the soak's rare "hung" streams).
 """
 
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
 from .assembler import CompletionAssembler, check_finished_ok
-from .errors import KvshareClientError, ProtocolError, ServerError, from_rpc_error
+from .errors import KvshareClientError, ProtocolError, ServerError, StreamTimeout, from_rpc_error
 from .response import ChunkParser
 from .types import Completion, StreamChunk
 from .wire import WireTensor, new_request_id, to_model_infer_request
@@ -52,7 +57,7 @@ class RawStreamSession:
                 yield req
 
         self._requests = requests
-        self._call = self._stub.ModelStreamInfer(feed(), timeout=self._stream_timeout)
+        self._call = self._stub.ModelStreamInfer(feed())
         self._responses = iter(self._call)
 
     def _drop(self) -> None:
@@ -72,13 +77,15 @@ class RawStreamSession:
         request_id: Optional[str] = None,
         on_chunk: Optional[Callable[[StreamChunk], None]] = None,
     ) -> Completion:
-        """Send one request and read its responses until the final flag; return the Completion."""
+        """Send one request and read its responses until the final flag; return the Completion.
+        Raises StreamTimeout when the final response has not come within ``stream_timeout`` s."""
         request_id = request_id or new_request_id()
         if self._call is None:
             self._open()
         assert self._requests is not None and self._responses is not None
         parser = ChunkParser()
         assembler = CompletionAssembler(model, request_id, sent_at=time.perf_counter())
+        deadline = self._arm_deadline(self._call)
         self._requests.put(to_model_infer_request(model, tensors, request_id=request_id))
         try:
             from tritonclient.grpc import InferResult
@@ -104,6 +111,9 @@ class RawStreamSession:
             raise
         except Exception as exc:  # grpc.RpcError: unavailable, deadline, cancelled
             self._drop()
+            if deadline is not None and deadline.expired.is_set():
+                raise StreamTimeout(f"stream deadline exceeded: no final response of {request_id} within "
+                                    f"{self._stream_timeout:g} s") from exc
             if callable(getattr(exc, "code", None)):
                 raise from_rpc_error(exc, model=model, request_id=request_id) from exc
             raise
@@ -112,6 +122,16 @@ class RawStreamSession:
             # may still be in flight, so the stream cannot be reused.
             self._drop()
             raise
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+
+    def _arm_deadline(self, call: Any) -> Optional["_Deadline"]:
+        if self._stream_timeout is None:
+            return None
+        deadline = _Deadline(self._stream_timeout, call.cancel)
+        deadline.start()
+        return deadline
 
     def close(self) -> None:
         self._drop()
@@ -122,3 +142,17 @@ class RawStreamSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Deadline(threading.Timer):
+    """Cancels the call when a request outlives its timeout (a greenlet under gevent's patching)."""
+
+    def __init__(self, seconds: float, cancel: Callable[[], Any]) -> None:
+        self.expired = threading.Event()
+
+        def expire() -> None:
+            self.expired.set()
+            cancel()
+
+        super().__init__(seconds, expire)
+        self.daemon = True

@@ -18,6 +18,7 @@ import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
 from . import contract
+from .logs import configure_logging
 from .response_stream import error_response, serve_to_the_end
 from .text_prompt import TextPrompter
 
@@ -46,6 +47,7 @@ def _as_text_error(err):
 
 class BLSTextModel:
     def initialize(self, args):
+        configure_logging()
         self.prompter = TextPrompter(args["model_config"])
         self.outputs = [o["name"] for o in json.loads(args["model_config"])["output"]]
         # One thread per stream in flight: BLS iteration blocks while the engine generates.
@@ -75,6 +77,8 @@ class BLSTextModel:
             sender.send(error_response(pb_utils, str(exc)), flags=final)
             return
         key = uuid.uuid4().hex
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("llm_bls: request %s goes to llm_engine as key:%s", request.request_id(), key)
         inputs = [pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("input_lengths", lengths),
                   _key_tensor("request_key", key, ids.shape[0])]
         for name in PASSTHROUGH:

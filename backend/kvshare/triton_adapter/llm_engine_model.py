@@ -23,6 +23,7 @@ from ..engine.faults import FaultInjector
 from ..engine.gc_tuning import freeze_startup_heap
 from ..engine.outputs import InvalidRequest
 from .inputs import GenerationRequest, generation_requests
+from .logs import configure_logging
 from .metrics import EngineMetrics, MetricFamilies, RouterMetrics
 from .response_stream import ClientStream, Reply, ResponsePump, error_response, overloaded_response
 from .word_lists import resolve_words
@@ -111,8 +112,7 @@ class MetricsPublisher:
 
 class LLMEngineModel:
     def initialize(self, args):
-        logging.basicConfig(level=os.environ.get("KVSHARE_LOG_LEVEL", "INFO"),
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure_logging()
         model_config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException("llm_engine must be decoupled (model_transaction_policy)")
@@ -197,6 +197,7 @@ class LLMEngineModel:
                 continue
             key = get("request_key")
             base_id = _keyed_id(key) if key is not None else f"{request.request_id() or 'req'}#{next(self._ids)}"
+            log.debug("llm_engine: request %s arrived (%d row(s))", base_id, len(rows))
             self._submit(base_id, rows, sender, _timeout_s(request))
         return None
 

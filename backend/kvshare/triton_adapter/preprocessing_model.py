@@ -9,12 +9,14 @@ from __future__ import annotations
 import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
+from .logs import configure_logging
 from .response_stream import error_response
 from .text_prompt import TextPrompter
 
 
 class PreprocessingModel:
     def initialize(self, args):
+        configure_logging()
         self.prompter = TextPrompter(args["model_config"])
 
     def execute(self, requests):

@@ -94,11 +94,14 @@ def serve_to_the_end(pb, name: str, request, serve: Callable[[object, FinalTrack
     end a decoupled request whose sender is dropped: its client would wait forever."""
     final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
     sender = FinalTracking(request.get_response_sender(), final)
+    request_id = request.request_id() if log.isEnabledFor(logging.DEBUG) else ""
+    log.debug("%s: request %s arrived", name, request_id)
     try:
         serve(request, sender)
     except BaseException:
         log.exception("%s: serving a request failed", name)
     finally:
+        log.debug("%s: request %s served (final sent: %s)", name, request_id, sender.final_sent)
         if not sender.final_sent:
             try:
                 sender.send(error_response(pb, f"{name}: the request ended without its final response "
@@ -345,6 +348,8 @@ class ResponsePump:
         final = out.finished and stream.closes_reply()
         try:
             stream.sender.send(response, flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+            if final:
+                log.debug("request %s: final response sent (%s)", out.request_id, out.finish_reason)
         except Exception:
             # The client went away (or the stub refused): end the request on both sides.
             log.debug("could not send to request %s", out.request_id, exc_info=True)

@@ -39,6 +39,7 @@ import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
 from .inputs import Getter, decode_utf8
+from .logs import configure_logging
 from .response_stream import error_response, serve_to_the_end
 from .text_prompt import TextPrompter
 from .vllm_params import ParsedSampling, parse_request_parameters, parse_sampling_parameters
@@ -468,6 +469,7 @@ def _cancelled_response():
 
 class VLLMTextModel:
     def initialize(self, args):
+        configure_logging()
         config = json.loads(args["model_config"])
         self.prompter = TextPrompter(args["model_config"])
         self.engine_name = self.prompter.params.get("engine_model_name", ENGINE)
@@ -511,6 +513,8 @@ class VLLMTextModel:
             sender.send(error_response(pb_utils, f"vllm_model: {exc}", "INTERNAL"), flags=FINAL)
             return
         key = uuid.uuid4().hex
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("vllm_model: request %s goes to %s as key:%s", request.request_id(), self.engine_name, key)
         cancelled = threading.Event()
 
         def on_cancel():

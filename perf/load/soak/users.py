@@ -153,7 +153,8 @@ class KillUser(SoakUser):
             proc.wait()
             proc.stdout.close()
         if line is None:
-            line = "timeout"
+            err.seek(0)
+            line = "timeout - the client's progress: " + err.read()[-300:].replace("\n", " | ")
         elif not line:
             # The client process ended before it said anything: its own failure, not a server hang.
             err.seek(0)
