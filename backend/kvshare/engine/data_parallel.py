@@ -52,12 +52,13 @@ class ParallelConfig:
     def device_list(self) -> tuple[str, ...]:
         return tuple(d.strip() for d in self.devices.split(",") if d.strip())
 
-    def engine_devices(self, device: str) -> tuple[str, ...]:
+    def engine_devices(self, device: str, tensor_parallel_size: int = 1) -> tuple[str, ...]:
+        """Each engine's device (with tensor parallelism, its rank 0's: rank r runs on that + r)."""
         if self.device_list:
             return self.device_list
         n = self.data_parallel_size
         if n > 1 and device.split(":", 1)[0] == "cuda":
-            return tuple(f"cuda:{i}" for i in range(n))
+            return tuple(f"cuda:{i * tensor_parallel_size}" for i in range(n))
         return (device,) * n
 
     @property
@@ -86,15 +87,14 @@ class ParallelConfig:
 
 def build_engines(config: EngineConfig, parallel: ParallelConfig, *,
                   faults: FaultInjector | None = None) -> list[LLMEngine]:
-    """One engine per device; engines on the same device share the loaded weights (read-only)."""
+    """One engine per device; engines on the same device share the loaded weights (read-only).
+    With tensor_parallel_size T each engine is T ranks: on CUDA, engine i on cuda:iT..iT+T-1."""
     from ..runtime.weights import load_model
     from .engine import _DTYPES
 
-    if parallel.data_parallel_size > 1 and config.tensor_parallel_size > 1:
-        raise ValueError("data_parallel_size > 1 with tensor_parallel_size > 1 is not supported yet")
     loaded: dict[str, object] = {}
     engines = []
-    for device in parallel.engine_devices(config.device):
+    for device in parallel.engine_devices(config.device, config.tensor_parallel_size):
         if device not in loaded:
             loaded[device] = load_model(config.model, dtype=_DTYPES[config.dtype], device=device, seed=config.seed)
         engines.append(LLMEngine(dataclasses.replace(config, device=device), loaded[device], faults=faults))

@@ -2,9 +2,11 @@
 StepMirror); ranks 1..N-1 are spawned processes that load the same model, keep their shard and a
 page pool of the same page ids, and run runtime.tensor_parallel.serve_follower until rank 0 stops.
 
-One tensor-parallel engine per process (torch.distributed's default group). Rank r runs on the
-engine's device + r (cuda:0, cuda:1, ...; every rank on the CPU shares it), gloo on the CPU and NCCL
-on CUDA (NCCL_NVLS_ENABLE=0: NVLink multicast stays off on the lent machines).
+Each engine's ranks form a process group of their own (runtime.tensor_parallel.new_process_group),
+so one process can hold the rank 0 of several tensor-parallel engines (data parallel x tensor
+parallel). Rank r runs on the engine's device + r (cuda:0, cuda:1, ...; every rank on the CPU shares
+it), gloo on the CPU and NCCL on CUDA (NCCL_NVLS_ENABLE=0: NVLink multicast stays off on the lent
+machines).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from ..runtime.kv_cache import KVCache
 from ..runtime.llama import LlamaModel
 from ..runtime.model_runner import ModelRunner
 from ..runtime.sampler import Sampler
-from ..runtime.tensor_parallel import StepMirror, TensorParallelGroup, serve_follower, shard_model, shard_specs
+from ..runtime.tensor_parallel import (StepMirror, TensorParallelGroup, new_process_group, serve_follower, shard_model,
+                                       shard_specs)
 from ..runtime.weights import LoadedModel, load_model
 from .engine_config import EngineConfig
 
@@ -38,6 +41,11 @@ def _backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def _group(setup: "RankSetup", rank: int, device: torch.device) -> TensorParallelGroup:
+    pg = new_process_group(_backend(device), setup.store_path, rank, setup.world_size, _TIMEOUT)
+    return TensorParallelGroup(rank, setup.world_size, pg, device if device.type == "cuda" else None)
+
+
 @dataclasses.dataclass(frozen=True)
 class RankSetup:
     """What every rank builds from, decided by rank 0."""
@@ -47,7 +55,7 @@ class RankSetup:
     host_pages: int
     max_model_len: int
     dtype: str
-    init_method: str
+    store_path: str          # the file store where the ranks meet
 
 
 def build_rank_model(loaded: LoadedModel, setup: RankSetup, rank: int, group: TensorParallelGroup,
@@ -73,15 +81,12 @@ class TensorParallelRanks:
               loaded: LoadedModel | None = None) -> "TensorParallelRanks":
         """loaded: on the CPU, rank 0's weights; each follower then gets its shard through shared
         memory instead of loading the model again. On CUDA every rank loads onto its own device."""
-        import torch.distributed as dist
         import torch.multiprocessing as mp
 
         world = config.tensor_parallel_size
-        if dist.is_initialized():
-            raise RuntimeError("a tensor-parallel engine already runs in this process (one per process)")
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         store = Path(tempfile.mkdtemp(prefix="kvshare-tp-")) / "rendezvous"
-        setup = RankSetup(config, world, num_pages, host_pages, max_model_len, config.dtype, f"file://{store}")
+        setup = RankSetup(config, world, num_pages, host_pages, max_model_len, config.dtype, str(store))
         ctx = mp.get_context("spawn")     # torch's: CPU tensors in the arguments travel as shared memory
         device = rank_device(config.device, 0)
         shards = [None] * world
@@ -93,20 +98,16 @@ class TensorParallelRanks:
                                  daemon=True) for rank in range(1, world)]
         for p in processes:
             p.start()
-        dist.init_process_group(_backend(device), init_method=setup.init_method, rank=0, world_size=world,
-                                timeout=_TIMEOUT)
-        return cls(setup, processes, TensorParallelGroup(0, world))
+        return cls(setup, processes, _group(setup, 0, device))
 
     def close(self, timeout: float = 30.0) -> None:
-        import torch.distributed as dist
-
         if self._closed:
             return
         self._closed = True
         self.mirror.stop()
         for p in self._processes:
             p.join(timeout)
-        dist.destroy_process_group()
+        self.group.close()
         failed = [p.name for p in self._processes if p.exitcode != 0]
         if failed:
             raise RuntimeError(f"tensor-parallel ranks ended badly: {failed}")
@@ -114,17 +115,13 @@ class TensorParallelRanks:
 
 def _follower_main(setup: RankSetup, rank: int, shard: tuple | None = None) -> None:
     """shard: (this rank's config, its weights, the EOS ids), or None to load the model here."""
-    import torch.distributed as dist
-
     from .engine import _DTYPES
 
     config = setup.config
     device = rank_device(config.device, rank)
     if device.type == "cpu":     # the ranks share the host's cores
         torch.set_num_threads(max(1, torch.get_num_threads() // setup.world_size))
-    dist.init_process_group(_backend(device), init_method=setup.init_method, rank=rank,
-                            world_size=setup.world_size, timeout=_TIMEOUT)
-    group = TensorParallelGroup(rank, setup.world_size)
+    group = _group(setup, rank, device)
     dtype = _DTYPES[setup.dtype]
     if shard is None:
         loaded = load_model(config.model, dtype=dtype, device=device, seed=config.seed)
@@ -140,5 +137,5 @@ def _follower_main(setup: RankSetup, rank: int, shard: tuple | None = None) -> N
     try:
         serve_follower(runner, group)
     finally:
-        dist.destroy_process_group()
+        group.close()
 

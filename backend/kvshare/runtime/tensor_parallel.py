@@ -19,6 +19,8 @@ query heads) over 2 ranks give 2 + 1; Llama-2-7B's 32 and Llama-3-8B's 8 split e
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import pickle
 from dataclasses import dataclass
 
 import torch
@@ -82,25 +84,57 @@ def shard_model(config: ModelConfig, weights: LlamaWeights, spec: ShardSpec) -> 
 
 
 class TensorParallelGroup:
-    """This process's rank in the default torch.distributed group: the block halves' all-reduce and
-    the step broadcast from rank 0."""
+    """One tensor-parallel engine's ranks: the block halves' all-reduce and the step broadcast from
+    rank 0, on a process group of their own (not torch.distributed's default group), so that one
+    process can drive several tensor-parallel engines (data parallel x tensor parallel)."""
 
-    def __init__(self, rank: int, world_size: int):
+    def __init__(self, rank: int, world_size: int, process_group=None, device: torch.device | None = None):
         self.rank, self.world_size = rank, world_size
+        self._pg = process_group
+        # Messages travel as bytes in a tensor where the backend can send them (the CPU for gloo,
+        # the rank's GPU for NCCL).
+        self._device = device if device is not None else torch.device("cpu")
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        dist.all_reduce(t)
+        self._pg.allreduce([t]).wait()
         return t
 
     def broadcast(self, message: object = None) -> object:
         """Rank 0's message, on every rank (rank 0 passes it, the others receive it)."""
-        import torch.distributed as dist
+        if self.rank == 0:
+            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+            size = torch.tensor([len(data)], dtype=torch.int64, device=self._device)
+            self._pg.broadcast(size, 0).wait()
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self._device)
+            self._pg.broadcast(payload, 0).wait()
+            return message
+        size = torch.zeros(1, dtype=torch.int64, device=self._device)
+        self._pg.broadcast(size, 0).wait()
+        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=self._device)
+        self._pg.broadcast(payload, 0).wait()
+        return pickle.loads(payload.cpu().numpy().tobytes())
 
-        box = [message]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+    def close(self) -> None:
+        shutdown = getattr(self._pg, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        self._pg = None
+
+
+def new_process_group(backend: str, store_path: str, rank: int, world_size: int,
+                      timeout: datetime.timedelta):
+    """A process group of world_size ranks that meet at a file store, outside torch.distributed's
+    default group (which admits one group per process)."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(store_path, world_size)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+    raise ValueError(f"unknown torch.distributed backend {backend!r}")
 
 
 class StepMirror:

@@ -4,6 +4,7 @@ other engine's counters stay untouched; salts, round robin, cancel, refusal when
 full, and the same greedy tokens whichever engine serves a prompt."""
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
 
@@ -125,6 +126,8 @@ def test_a_full_engine_hands_the_request_to_another_and_all_full_refuses() -> No
 
 def test_parallel_config_reads_devices_and_refuses_bad_values() -> None:
     assert ParallelConfig(data_parallel_size=2).engine_devices("cuda:0") == ("cuda:0", "cuda:1")
+    # data parallel x tensor parallel: engine i's ranks on cuda:iT .. cuda:iT+T-1
+    assert ParallelConfig(data_parallel_size=2).engine_devices("cuda:0", 4) == ("cuda:0", "cuda:4")
     assert ParallelConfig(data_parallel_size=2).engine_devices("cpu") == ("cpu", "cpu")
     assert ParallelConfig.from_mapping({"data_parallel_size": "2", "devices": "cuda:1, cuda:3",
                                         "max_running": "9"}).device_list == ("cuda:1", "cuda:3")
@@ -134,3 +137,27 @@ def test_parallel_config_reads_devices_and_refuses_bad_values() -> None:
         ParallelConfig(routing_policy="random")
     with pytest.raises(ValueError, match="data_parallel_size"):
         ParallelConfig.from_mapping({"data_parallel_size": "two"})
+
+
+def test_two_tensor_parallel_engines_behind_the_router_give_the_one_rank_tokens() -> None:
+    """data_parallel_size 2 x tensor_parallel_size 2: each engine's two ranks (rank 0 here, one
+    spawned follower) form their own process group, so one process drives both engines; a repeated
+    prefix still lands on the engine that holds it, and the tokens are the single engine's."""
+    single = make_group(1)
+    try:
+        _, _, want = run(single, "w", PREFIX + [1, 2])
+    finally:
+        single.shutdown()
+    engines = build_engines(dataclasses.replace(CONFIG, tensor_parallel_size=2), ParallelConfig(data_parallel_size=2))
+    group = EngineGroup(engines, RouterSettings())
+    try:
+        first, _, got = run(group, "a", PREFIX + [1, 2])
+        again, out, got_again = run(group, "b", PREFIX + [1, 2])
+        assert got == got_again == want
+        assert again.engine == first.engine and out.cached_tokens >= len(PREFIX)
+        run(group, "c", [9, 8, 7, 6, 5, 4])
+        wait_released(group)
+        for engine in group.engines:
+            engine.check_integrity()
+    finally:
+        group.shutdown()
