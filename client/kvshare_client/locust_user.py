@@ -77,7 +77,8 @@ def _add_arguments(parser: Any) -> None:
     g.add_argument("--kvshare-chat", action="store_true", default=False, help="apply_chat_template=true (ensemble)")
     g.add_argument("--kvshare-no-stream", action="store_true", default=False, help="one response per request")
     g.add_argument("--kvshare-cache-salt", default=None)
-    g.add_argument("--kvshare-stream-timeout", type=float, default=300.0, help="seconds each request may take to its final response")
+    g.add_argument("--kvshare-stream-timeout", type=float, default=300.0,
+                   help="seconds each request may take to its final response")
     g.add_argument("--kvshare-slo-max-failure-ratio", type=float, default=0.0)
     g.add_argument("--kvshare-slo-p95-ttft-ms", type=float, default=None)
 
