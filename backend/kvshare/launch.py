@@ -41,6 +41,11 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # OpenMP's worker threads sleep instead of spinning between the engine's torch ops: on a small
+    # CPU they shared the cores with tritonserver, the stubs and the response pump, and spinning took
+    # their time (CPU default, seed-12x128 through the server on 2 cores: ITL p50 255-263 -> 231-235 ms,
+    # two A/B pairs, docs/decisions.md).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
 
