@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_ready(proc, addr)
         log.info("READY: gRPC %s  HTTP %s  metrics %s", addr.grpc_url, addr.http_url, addr.metrics_url)
-        log.info("try: .venv/bin/kvshare-client generate --chat 'What is the capital of France?'")
+        log.info("try: .venv/bin/kvshare-client generate --chat --temperature 0 'What is the capital of France?'")
         dead = wait_for_stub_death(proc, stub_pids(proc.pid))
         if dead is None:
             return proc.returncode

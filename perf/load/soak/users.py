@@ -10,6 +10,7 @@ Each class is bound to one run by ``bind`` (host, the OutcomeLog, settings), not
 from __future__ import annotations
 
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -174,7 +175,9 @@ class KillUser(SoakUser):
             # "epoll_wait error: Bad file descriptor", seen once in 442 requests): a client crash that
             # the server cannot cause; its connection dies as the kill's would. Any other early exit
             # is unexpected.
-            crashed = exited is not None and exited < 0
+            # It may die just after poll() and before the kill: then its own signal is the return code.
+            rc = exited if exited is not None else proc.returncode
+            crashed = rc is not None and rc < 0 and rc != -signal.SIGKILL
             result, expected = ("client_process_crashed", True) if crashed else ("client_process_exited", False)
         else:
             result, expected = "client_process_error", False
