@@ -80,6 +80,11 @@ class EngineLoop:
         self._thread.start()
         self._watcher = threading.Thread(target=self._watch_cancellations, name="kvshare-cancel-watch", daemon=True)
         self._watcher.start()
+        self._serving_watcher = None
+        if serving is not None:
+            self._serving_watcher = threading.Thread(target=self._watch_serving, name="kvshare-serving-watch",
+                                                     daemon=True)
+            self._serving_watcher.start()
 
     def submit(self, sub: Submission) -> None:
         if not self.try_submit(sub):
@@ -130,6 +135,8 @@ class EngineLoop:
         self._inbox.put(("wake", None))
         self._thread.join(timeout)
         self._watcher.join(timeout)
+        if self._serving_watcher is not None:
+            self._serving_watcher.join(timeout)
 
     # -- engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -205,20 +212,8 @@ class EngineLoop:
 
     def _watch_cancellations(self) -> None:
         """Watcher thread: a probe that fires turns into a cancel in the engine's inbox, a deadline
-        that passes into an expiry, the serving probe turning false into a drain."""
-        not_serving, next_serving_poll = 0, 0.0
+        that passes into an expiry."""
         while not self._stopping.wait(self._cancel_poll_s):
-            if self._serving is not None and not self.draining and time.monotonic() >= next_serving_poll:
-                next_serving_poll = time.monotonic() + self._serving_poll_s
-                # None: cannot tell (e.g. before the first request). The first "no" drains: a second
-                # readiness call into a server that is unloading its models aborted tritonserver
-                # (boost::interprocess::lock_exception), so none is made after it.
-                serving = self._safe(self._serving)
-                not_serving = not_serving + 1 if serving is False else 0
-                if not_serving >= 1:
-                    with self._count_lock:
-                        self.draining = True
-                    self._inbox.put(("drain", None))
             with self._probe_lock:
                 rids = list(self._probes)
                 if self._deadlines:
@@ -239,6 +234,17 @@ class EngineLoop:
                         del self._probes[rid]
                 if fired:
                     self.cancel(rid)
+
+    def _watch_serving(self) -> None:
+        """Serving thread (its own: a slow answer must not hold back cancellations): the serving
+        probe's first "no" drains, and no call is made after it, the server is going away. None:
+        cannot tell (e.g. before the first request)."""
+        while not self._stopping.wait(self._serving_poll_s):
+            if self._safe(self._serving) is False:
+                with self._count_lock:
+                    self.draining = True
+                self._inbox.put(("drain", None))
+                return
 
     def _step(self) -> None:
         if self._faults is not None:

@@ -26,6 +26,7 @@ from .inputs import GenerationRequest, generation_requests
 from .logs import configure_logging
 from .metrics import EngineMetrics, MetricFamilies, RouterMetrics
 from .response_stream import ClientStream, Reply, ResponsePump, error_response, overloaded_response
+from .serving_probe import HttpReadiness, http_endpoint, tritonserver_args
 from .word_lists import resolve_words
 
 log = logging.getLogger("kvshare.triton")
@@ -137,31 +138,27 @@ class LLMEngineModel:
         self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval,
                                  on_abandoned=lambda rid: self.group.abandon(rid), faults=faults)
         # Triton finalizes a model only once every response factory is released, i.e. after every
-        # request in flight has ended: on a shutdown the engine must end them itself, and this is
-        # how it learns of one (the model turns unready; nothing else reaches the stub). Not asked
-        # before the first execute(): a stub-to-server call during initialize() aborted tritonserver
-        # (boost::interprocess::lock_exception).
+        # request in flight has ended: on a shutdown or an unload the engine must end them itself,
+        # and this is how it learns of one (nothing reaches the stub). Not asked before the first
+        # execute(): while the model loads, it reads unready.
         self._executing = False
+        endpoint = http_endpoint(tritonserver_args(os.getppid()))
+        self._readiness = HttpReadiness(endpoint, model_name) if endpoint is not None else None
+        if self._readiness is None:
+            log.warning("tritonserver's HTTP endpoint is off: on a shutdown or an unload the requests in "
+                        "flight run to their end, up to --exit-timeout-secs")
         self.group = EngineGroup(engines, parallel.router_settings, max_in_flight=config.max_queued_requests,
                                  on_tick=self._publish_metrics, faults=faults,
-                                 serving=lambda: self._serving(model_name))
+                                 serving=self._serving if self._readiness is not None else None)
         self._ids = itertools.count()
         freeze_startup_heap()
-        log.info("kvshare engine ready: %d engine(s) on %s, %d KV pages of %d tokens each", len(engines),
-                 ", ".join(str(e.device) for e in engines), self.engine.kv.num_pages, self.engine.kv.page_size)
+        log.info("kvshare engine ready: %d engine(s) on %s, %d KV pages of %d tokens each; shutdown probe %s",
+                 len(engines), ", ".join(str(e.device) for e in engines), self.engine.kv.num_pages,
+                 self.engine.kv.page_size, self._readiness)
 
-    def _serving(self, model_name: str, first: bool = False) -> bool | None:
+    def _serving(self) -> bool | None:
         """Does the server still serve this model? None: cannot tell (yet)."""
-        if not self._executing and not first:
-            return None
-        try:
-            return bool(pb_utils.is_model_ready(model_name))
-        except pb_utils.TritonModelException as exc:
-            # Once shutdown has begun, 2.51 answers with an error: "... message: Server not ready".
-            if "not ready" in str(exc):
-                return False
-            log.debug("model readiness unknown: %s", exc)
-            return None
+        return self._readiness() if self._executing else None
 
     def _publish_metrics(self, index: int, engine: LLMEngine) -> None:
         """on_tick, on engine index's thread."""
@@ -169,12 +166,7 @@ class LLMEngineModel:
         self.publishers[index].offer(engine.stats(), ttft, itl)
 
     def execute(self, requests):
-        if not self._executing:
-            # The first readiness call goes out here, on the stub's main thread, while the server
-            # serves: when the first one was made only after SIGTERM (from the watcher thread), it
-            # never returned in 2 of 4 runs, and the drain never came (docs/robustness.md).
-            self._serving(self.model_name, first=True)
-            self._executing = True
+        self._executing = True
         for request in requests:
             sender = request.get_response_sender()
             # One pass over the inputs: get_input_tensor_by_name rebuilds the whole input list on each

@@ -270,8 +270,8 @@ def test_once_the_server_stops_serving_every_request_ends_and_new_ones_are_refus
 def test_no_drain_while_the_server_cannot_tell():
     engine = FakeEngine(step_s=0.005)
     got: queue.SimpleQueue = queue.SimpleQueue()
-    # None: cannot tell (before the first execute); yes. A single "no" drains (a second readiness
-    # call into an unloading server aborted it), so none comes here.
+    # None: cannot tell (before the first execute, a probe that timed out); yes. A single "no"
+    # drains, so none comes here.
     answers = iter([None, True, None, None, True] + [True] * 10_000)
     loop = EngineLoop(engine, cancel_poll_s=0.01, serving=lambda: next(answers), serving_poll_s=0.01)
     try:

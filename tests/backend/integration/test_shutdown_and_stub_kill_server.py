@@ -92,6 +92,22 @@ def _repository(addr, model: str, action: str) -> int:
         return r.status
 
 
+def test_an_unload_under_load_ends_every_request_with_a_final_and_a_load_serves_again():
+    with own_server(ENV, "unload") as srv:
+        streams = Streams(srv.addr.grpc_url, 3)
+        [stub] = srv.stub_pids("llm_engine")
+        assert _repository(srv.addr, "llm_engine", "unload") == 200
+        streams.join(30)
+        assert streams.ends == [("final", "cancelled")] * 3, streams.ends
+        assert all(0 < n < 400 for n in streams.tokens), streams.tokens
+        assert launch.wait_for_stub_death(srv.proc, [stub], poll_s=0.1) == stub
+        assert _repository(srv.addr, "llm_engine", "load") == 200
+        with KvshareClient(srv.addr.grpc_url, stream_timeout=60) as client:
+            done = client.generate(GenerationRequest(input_ids=[5, 6, 7], max_tokens=4), model="llm_engine")
+        assert done.finish_reason == "length" and len(done.token_ids) == 4
+        assert "ending the 3 requests in flight" in srv.log()
+
+
 def test_a_killed_stub_fails_its_requests_clearly_and_a_reload_brings_the_model_back():
     with own_server(ENV, "stubkill") as srv:
         addr = srv.addr
