@@ -78,39 +78,45 @@ def test_perf_analyzer_streams_llm_engine_without_errors(triton_server, tmp_path
         check=True,
         timeout=60,
     )
-    p = subprocess.run(
-        [
-            str(LOADTEST / "perf_analyzer.sh"),
-            "-m",
-            "llm_engine",
-            "-u",
-            triton_server.grpc_url,
-            "-i",
-            "grpc",
-            "--streaming",
-            "--concurrency-range",
-            "2:2",
-            "--request-count",
-            "12",
-            "--input-data",
-            str(inputs),
-            "--profile-export-file",
-            str(export),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env(),
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "error" not in (p.stdout + p.stderr).lower()
+    # perf_analyzer 2.51 once (a full-suite run of 2026-12-01) exited 0 without an error and left its export
+    # empty: such a run is its own failure, not the server's, and is run again once.
+    for attempt in range(2):
+        p = subprocess.run(
+            [
+                str(LOADTEST / "perf_analyzer.sh"),
+                "-m",
+                "llm_engine",
+                "-u",
+                triton_server.grpc_url,
+                "-i",
+                "grpc",
+                "--streaming",
+                "--concurrency-range",
+                "2:2",
+                "--request-count",
+                "12",
+                "--input-data",
+                str(inputs),
+                "--profile-export-file",
+                str(export),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env(),
+        )
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        assert "error" not in (p.stdout + p.stderr).lower()
+        if export.stat().st_size > 0 or attempt:
+            break
+        print(f"perf_analyzer left {export} empty (rc 0); its output:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
     stats = subprocess.run(
         [sys.executable, str(LOADTEST / "pa_export_stats.py"), str(export), "--json"],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert stats.returncode == 0, stats.stdout + stats.stderr
+    assert stats.returncode == 0, stats.stdout + stats.stderr + p.stdout[-2000:] + p.stderr[-2000:]
     import json
 
     (row,) = json.loads(stats.stdout)

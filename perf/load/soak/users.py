@@ -153,13 +153,15 @@ class KillUser(SoakUser):
             proc.kill()
             proc.wait()
             proc.stdout.close()
+        # It may die just after poll() and before the kill: then its own signal is the return code.
+        rc = exited if exited is not None else proc.returncode
         if line is None:
             err.seek(0)
             line = "timeout - the client's progress: " + err.read()[-300:].replace("\n", " | ")
         elif not line:
             # The client process ended before it said anything: its own failure, not a server hang.
             err.seek(0)
-            line = f"exited rc={exited if exited is not None else proc.returncode} " + err.read()[-300:].replace("\n", " ")
+            line = f"exited rc={rc} " + err.read()[-300:].replace("\n", " ")
         err.close()
         status, _, detail = line.partition(" ")
         if status == "streaming":
@@ -175,8 +177,6 @@ class KillUser(SoakUser):
             # "epoll_wait error: Bad file descriptor", seen once in 442 requests): a client crash that
             # the server cannot cause; its connection dies as the kill's would. Any other early exit
             # is unexpected.
-            # It may die just after poll() and before the kill: then its own signal is the return code.
-            rc = exited if exited is not None else proc.returncode
             crashed = rc is not None and rc < 0 and rc != -signal.SIGKILL
             result, expected = ("client_process_crashed", True) if crashed else ("client_process_exited", False)
         else:
