@@ -9,6 +9,7 @@ import kvshare_kernels
 import torch
 import torch.nn.functional as F
 
+from .cpu_linear import cpu_linear
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
 from .model_config import ModelConfig
@@ -40,6 +41,10 @@ class LlamaModel:
         # kernels (kvshare_kernels.fused_*: one launch each instead of 2-12); the CPU keeps the torch ops
         # below, bit-identical to HF transformers. KVSHARE_FUSED_KERNELS=0 turns the fusion off.
         self.fused = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_FUSED_KERNELS", "1") != "0"
+        # On the CPU the linear layers run through oneDNN (cpu_linear.py: a decode step's large GEMMs
+        # in about half the time of F.linear's sgemm); KVSHARE_CPU_LINEAR=0 turns it off.
+        cpu = torch.device(device).type == "cpu" and os.environ.get("KVSHARE_CPU_LINEAR", "1") != "0"
+        self._linear = cpu_linear(dtype) if cpu else F.linear
         if self.fused:
             from kvshare_kernels.fused_norm import rms_norm as fused_rms_norm
             from kvshare_kernels.fused_rotary import rotary_write_kv
@@ -56,7 +61,7 @@ class LlamaModel:
         residual = None
         for layer, lw in enumerate(w.layers):
             x, residual = self._add_norm(h, residual, lw.input_norm)
-            qkv = F.linear(x, lw.qkv, lw.qkv_bias)
+            qkv = self._linear(x, lw.qkv, lw.qkv_bias)
             q, k, v = qkv.split([self._q, self._kv, self._kv], dim=-1)
             q = q.view(-1, c.num_heads, c.head_dim)
             k = k.view(-1, c.num_kv_heads, c.head_dim)
@@ -64,16 +69,16 @@ class LlamaModel:
             scales = kv.layer_scales(layer)      # {} for 16-bit pages
             q = self._rotary_write_kv(batch, q, k, v, kv.k[layer], kv.v[layer], scales)
             attn = self._attention(q, kv.k[layer], kv.v[layer], batch, scales)
-            h = F.linear(attn.reshape(-1, self._q), lw.o_proj)
+            h = self._linear(attn.reshape(-1, self._q), lw.o_proj)
             if self.all_reduce is not None:
                 h = self.all_reduce(h)
             x, residual = self._add_norm(h, residual, lw.post_norm)
-            h = F.linear(self._silu_mul(F.linear(x, lw.gate_up)), lw.down)
+            h = self._linear(self._silu_mul(self._linear(x, lw.gate_up)), lw.down)
             if self.all_reduce is not None:
                 h = self.all_reduce(h)
         h = (residual + h).index_select(0, batch.logits_indices)
         h = self._norm(h, w.final_norm)
-        return F.linear(h, w.lm_head).float()
+        return self._linear(h, w.lm_head).float()
 
     def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused:   # one kernel, same rounding as the two torch ones

@@ -1,0 +1,30 @@
+"""The CPU's linear layer: oneDNN's matmul instead of MKL's sgemm behind F.linear.
+
+`F.linear(x, w)` on the CPU is MKL's sgemm of x @ w.T, which repacks its B operand, the whole
+weight, on every call: with a decode step's few rows that costs more than the multiply. oneDNN's
+inner product (torch's `mkldnn::_linear_pointwise`, the op that torch.compile's CPU backend
+emits) reads the weight as it lies. Measured on the 2-core AVX2 CI machine with SmolLM2-135M's
+shapes (`python -m perf.engine.cpu_decode_step`): at 12 rows the tied lm_head [49152, 576] takes
+2.2x less time and gate_up [3072, 576] 1.8x less; at a prefill's 1536 rows about 1.1x less.
+The values are F.linear's up to float32 rounding. fp32 only (the CPU default); other dtypes, or a
+torch without oneDNN, keep F.linear.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+Linear = Callable[..., torch.Tensor]
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) through oneDNN, for float32 tensors on the CPU."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def cpu_linear(dtype: torch.dtype) -> Linear:
+    """The linear layer for a CPU model in `dtype`: onednn_linear where it applies, else F.linear."""
+    available = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return onednn_linear if available and dtype == torch.float32 else F.linear

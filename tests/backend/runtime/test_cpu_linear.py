@@ -1,0 +1,32 @@
+"""The CPU's linear layer: oneDNN's values are F.linear's up to float32 rounding, for any shape,
+with and without bias, in the layouts the model splits and views; other dtypes keep F.linear."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvshare.runtime.cpu_linear import cpu_linear, onednn_linear
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 80), k=st.integers(1, 96), n=st.integers(1, 130), bias=st.booleans(),
+       seed=st.integers(0, 2 ** 16))
+def test_it_equals_f_linear(rows, k, n, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    got = cpu_linear(torch.float32)(x, w, b)
+    assert got.shape == (rows, n) and got.dtype == torch.float32 and got.is_contiguous()
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+def test_the_float32_cpu_model_gets_onednn_and_its_output_splits_and_views():
+    assert cpu_linear(torch.float32) is onednn_linear
+    q, k, v = onednn_linear(torch.randn(12, 64), torch.randn(96, 64)).split([64, 16, 16], dim=-1)
+    assert q.view(-1, 4, 16).shape == (12, 4, 16) and k.view(-1, 1, 16).shape == (12, 1, 16)
+
+
+def test_other_dtypes_keep_f_linear():
+    assert cpu_linear(torch.bfloat16) is F.linear and cpu_linear(torch.float64) is F.linear
