@@ -39,7 +39,7 @@ class LlamaModel:
         self._q, self._kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         # On CUDA the norms (with their residual adds), the rotary with the KV write, and silu(gate)*up run as fused Triton
         # kernels (kvshare_kernels.fused_*: one launch each instead of 2-12); the CPU keeps the torch ops
-        # below, bit-identical to HF transformers. KVSHARE_FUSED_KERNELS=0 turns the fusion off.
+        # below, HF transformers' own. KVSHARE_FUSED_KERNELS=0 turns the fusion off.
         self.fused = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_FUSED_KERNELS", "1") != "0"
         # On the CPU the linear layers run through oneDNN (cpu_linear.py: a decode step's large GEMMs
         # in about half the time of F.linear's sgemm); KVSHARE_CPU_LINEAR=0 turns it off.
