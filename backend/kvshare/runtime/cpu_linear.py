@@ -7,7 +7,7 @@ emits) reads the weight as it lies. Measured on the 2-core AVX2 CI machine with 
 shapes (`python -m perf.engine.cpu_decode_step`): at 12 rows the tied lm_head [49152, 576] takes
 2.2x less time and gate_up [3072, 576] 1.8x less; at a prefill's 1536 rows about 1.1x less.
 The values are F.linear's up to float32 rounding. fp32 only (the CPU default); other dtypes, or a
-torch without oneDNN, keep F.linear.
+torch without oneDNN, keep F.linear. Opt-in for now (KVSHARE_CPU_LINEAR=1, runtime/llama.py).
 """
 from __future__ import annotations
 
@@ -20,7 +20,15 @@ Linear = Callable[..., torch.Tensor]
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) through oneDNN, for float32 tensors on the CPU."""
+    """F.linear(x, weight, bias) through oneDNN, for float32 tensors on the CPU.
+
+    A row's result does not depend on how many rows come with it (checked from 1 to 600 rows), so a
+    prompt's tail computed alone after a prefix-cache hit, or a sequence decoded beside others,
+    gets the very bits it would get in any other batch. oneDNN takes another path for a single
+    row, with other roundings: that row goes in twice. (MKL's sgemm behind F.linear is not
+    invariant either: below 12 rows most counts round differently.)"""
+    if x.dim() == 2 and x.shape[0] == 1:
+        return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1), weight, bias, "none", [], "")[:1]
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 

@@ -41,9 +41,11 @@ class LlamaModel:
         # kernels (kvshare_kernels.fused_*: one launch each instead of 2-12); the CPU keeps the torch ops
         # below, HF transformers' own. KVSHARE_FUSED_KERNELS=0 turns the fusion off.
         self.fused = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_FUSED_KERNELS", "1") != "0"
-        # On the CPU the linear layers run through oneDNN (cpu_linear.py: a decode step's large GEMMs
-        # in about half the time of F.linear's sgemm); KVSHARE_CPU_LINEAR=0 turns it off.
-        cpu = torch.device(device).type == "cpu" and os.environ.get("KVSHARE_CPU_LINEAR", "1") != "0"
+        # KVSHARE_CPU_LINEAR=1: the CPU's linear layers run through oneDNN (cpu_linear.py: a decode
+        # step's large GEMMs in about half the time of F.linear's sgemm). Off by default until a
+        # repeated prompt over int8 prefix pages gives its first run's greedy tokens with it, as it
+        # does with F.linear (tests/backend/integration/test_kv_cache_dtype_server.py).
+        cpu = torch.device(device).type == "cpu" and os.environ.get("KVSHARE_CPU_LINEAR", "0") == "1"
         self._linear = cpu_linear(dtype) if cpu else F.linear
         if self.fused:
             from kvshare_kernels.fused_norm import rms_norm as fused_rms_norm

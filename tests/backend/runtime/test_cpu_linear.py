@@ -30,3 +30,16 @@ def test_the_float32_cpu_model_gets_onednn_and_its_output_splits_and_views():
 
 def test_other_dtypes_keep_f_linear():
     assert cpu_linear(torch.bfloat16) is F.linear and cpu_linear(torch.float64) is F.linear
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 40), extra=st.integers(1, 90), shape=st.sampled_from([(96, 64), (576, 576), (3072, 576)]),
+       bias=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(rows, extra, shape, bias, seed):
+    """What the engine's prefix cache and continuous batching rely on: a prompt's tail computed
+    alone after a cache hit, or a row decoded beside others, gets the same bits as in a bigger batch."""
+    g = torch.Generator().manual_seed(seed)
+    n, k = shape
+    w, x = torch.randn(n, k, generator=g), torch.randn(rows + extra, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    assert torch.equal(onednn_linear(x[:rows], w, b), onednn_linear(x, w, b)[:rows])
