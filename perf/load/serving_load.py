@@ -14,7 +14,11 @@ is greedy with its output length forced (ignore_eos, min_tokens = max_tokens), s
 Closed loop (--concurrency C): C requests in flight, the next sent when one ends. Open loop
 (--rate R): Poisson arrivals at R requests/s from --seed (inf: all at once), sent whatever is in
 flight. Bounded: at most --requests requests, each within --timeout-s, the whole run within
---max-seconds.
+--max-seconds. --processes P spreads the requests over P client processes (request i to process
+i mod P; the closed loop's C split among them, the open loop's arrival times kept), so that one
+Python event loop parsing every streamed token does not become the bottleneck at high rates; the
+processes share one start time on the system's monotonic clock. --id-offset K shifts a trace's
+token ids by K (mod the vocabulary): runs on one server then share no prefix with each other.
 
 Reported: output tok/s over the window (first request sent -> last one done), requests/s, TTFT
 (sent -> first content) p50/p99, ITL (gap between content messages / tokens in the later one)
@@ -165,23 +169,25 @@ def triton_sender(client, model: str) -> Send:
     return send
 
 
-def trace_requests(name: str) -> list:
+def trace_requests(name: str, id_offset: int = 0, vocab: Optional[int] = None) -> list:
     """A perf/core/workload_traces.py trace as token-id requests (ids < 32000: any model of that
-    vocabulary or larger; the offline rows' prompts, for servers with dummy weights and no tokenizer)."""
+    vocabulary or larger; the offline rows' prompts, for servers with dummy weights and no tokenizer),
+    every id shifted by id_offset within that vocabulary (or folded into a smaller `vocab`)."""
     from kvshare_client import GenerationRequest
 
-    from perf.core.workload_traces import make_trace
+    from perf.core.workload_traces import VOCAB, make_trace
 
-    return [GenerationRequest(input_ids=list(r.prompt_ids), max_tokens=r.max_new_tokens)
+    v = min(vocab or VOCAB, VOCAB)
+    return [GenerationRequest(input_ids=[(t + id_offset) % VOCAB % v for t in r.prompt_ids], max_tokens=r.max_new_tokens)
             for r in make_trace(name).requests]
 
 
 def load_requests(path: Optional[Path], count: Optional[int], output_tokens: Optional[int],
-                  trace: Optional[str] = None) -> list:
+                  trace: Optional[str] = None, id_offset: int = 0, vocab: Optional[int] = None) -> list:
     """The workload's (or trace's) requests, greedy and streamed, each forced to its output length."""
     from kvshare_client.workload import load_workload
 
-    reqs = (trace_requests(trace) if trace else list(load_workload(path)))[: count or None]
+    reqs = (trace_requests(trace, id_offset, vocab) if trace else list(load_workload(path)))[: count or None]
     out = []
     for r in reqs:
         n = output_tokens or r.max_tokens
@@ -189,20 +195,79 @@ def load_requests(path: Optional[Path], count: Optional[int], output_tokens: Opt
     return out
 
 
-async def run(args: argparse.Namespace, requests: list) -> list[Outcome]:
-    arrivals = poisson_arrivals(len(requests), args.rate, args.seed) if args.rate is not None else None
+@dataclass(frozen=True)
+class Share:
+    """One client process's part of a run: global request indices, their requests, and for the
+    open loop their arrival offsets from `start_at` (time.perf_counter, system-wide monotonic)."""
+    indices: tuple[int, ...]
+    requests: tuple[Any, ...]
+    concurrency: Optional[int] = None
+    arrivals: Optional[tuple[float, ...]] = None
+    start_at: Optional[float] = None
 
+
+def split(requests: Sequence[Any], processes: int, concurrency: Optional[int],
+          arrivals: Optional[Sequence[float]], start_at: Optional[float] = None) -> list[Share]:
+    """Request i to process i mod P; the closed loop's concurrency divided as evenly as it goes
+    (every process at least 1); empty shares dropped."""
+    if processes < 1:
+        raise ValueError("processes must be >= 1")
+    shares = []
+    for p in range(processes):
+        idx = tuple(range(p, len(requests), processes))
+        if not idx:
+            continue
+        conc = None
+        if concurrency is not None:
+            conc = max(1, concurrency // processes + (1 if p < concurrency % processes else 0))
+        shares.append(Share(idx, tuple(requests[i] for i in idx), conc,
+                            None if arrivals is None else tuple(arrivals[i] for i in idx), start_at))
+    return shares
+
+
+def _reindex(outcomes: Sequence[Outcome], indices: Sequence[int]) -> list[Outcome]:
+    return [replace(o, index=indices[o.index]) for o in outcomes]
+
+
+async def run_share(args: argparse.Namespace, share: Share) -> list[Outcome]:
     async def drive(send: Send) -> list[Outcome]:
-        if arrivals is not None:
-            return await open_loop(send, requests, arrivals)
-        return await closed_loop(send, requests, args.concurrency)
+        if share.arrivals is not None:
+            if share.start_at is not None:
+                await asyncio.sleep(max(0.0, share.start_at - time.perf_counter()))
+            return await open_loop(send, share.requests, share.arrivals)
+        return await closed_loop(send, share.requests, share.concurrency)
 
     if args.target == "openai":
-        return await asyncio.wait_for(drive(openai_sender(args.url, args.model, args.timeout_s)), args.max_seconds)
+        out = await asyncio.wait_for(drive(openai_sender(args.url, args.model, args.timeout_s)), args.max_seconds)
+        return _reindex(out, share.indices)
     from kvshare_client import AsyncKvshareClient
 
     async with AsyncKvshareClient(args.url, stream_timeout=args.timeout_s) as client:
-        return await asyncio.wait_for(drive(triton_sender(client, args.model)), args.max_seconds)
+        out = await asyncio.wait_for(drive(triton_sender(client, args.model)), args.max_seconds)
+    return _reindex(out, share.indices)
+
+
+def _run_share_in_process(args: argparse.Namespace, share: Share) -> list[Outcome]:
+    return asyncio.run(run_share(args, share))
+
+
+def run(args: argparse.Namespace, requests: list) -> list[Outcome]:
+    arrivals = poisson_arrivals(len(requests), args.rate, args.seed) if args.rate is not None else None
+    processes = max(1, min(getattr(args, "processes", 1) or 1, len(requests)))
+    if processes == 1:
+        return asyncio.run(run_share(args, Share(tuple(range(len(requests))), tuple(requests), args.concurrency,
+                                                 None if arrivals is None else tuple(arrivals))))
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn: gRPC's threads do not survive a fork. The shared start leaves the children time to import.
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        shares = split(requests, processes, args.concurrency, arrivals, time.perf_counter() + SPAWN_LEAD_S)
+        outs = list(pool.map(_run_share_in_process, [args] * len(shares), shares))
+    return sorted((o for out in outs for o in out), key=lambda o: o.index)
+
+
+SPAWN_LEAD_S = 3.0   # seconds the open loop's children get to start before the first arrival
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -221,6 +286,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     loop.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
     loop.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second (inf: all at once)")
     ap.add_argument("--seed", type=int, default=0, help="of the open loop's arrival times")
+    ap.add_argument("--vocab", type=int, default=None, help="fold a trace's ids into a smaller vocabulary (tiny models)")
+    ap.add_argument("--processes", type=int, default=1, help="client processes sharing the requests")
+    ap.add_argument("--id-offset", type=int, default=0, help="shift a trace's token ids (no prefix shared "
+                    "with another run's)")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per request")
     ap.add_argument("--max-seconds", type=float, default=600.0, help="the whole run")
     ap.add_argument("--json", type=Path, default=None, help="write the summary and every request's timings here")
@@ -229,15 +298,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--concurrency must be >= 1")
     if args.rate is not None and not args.rate > 0:
         ap.error("--rate must be > 0 (inf: all at once)")
+    if args.processes < 1:
+        ap.error("--processes must be >= 1")
+    if args.id_offset and not args.trace:
+        ap.error("--id-offset shifts a --trace's token ids")
     try:
-        requests = load_requests(args.workload, args.requests, args.output_tokens, args.trace)
+        requests = load_requests(args.workload, args.requests, args.output_tokens, args.trace, args.id_offset, args.vocab)
     except ValueError as exc:
         ap.error(str(exc))
-    outcomes = asyncio.run(run(args, requests))
+    outcomes = run(args, requests)
     summary = summarize(outcomes, sum(r.max_tokens for r in requests))
     summary.update(target=args.target, url=args.url, model=args.model, workload=args.trace or str(args.workload),
                    loop="open" if args.rate is not None else "closed", concurrency=args.concurrency, rate=args.rate,
-                   seed=args.seed)
+                   seed=args.seed, processes=args.processes, id_offset=args.id_offset)
     print(json.dumps({k: v for k, v in summary.items() if k != "error_samples"}), flush=True)
     for e in summary["error_samples"]:
         print(f"   error: {e}", flush=True)

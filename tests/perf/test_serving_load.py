@@ -169,3 +169,44 @@ def test_triton_target_against_the_real_server(triton_server, tmp_path):
     s = json.loads(out.read_text())["summary"]
     assert rc == 0 and s["done"] == 3 and s["output_tokens"] == s["expected_tokens"] == 12
     assert s["ttft_p50_ms"] > 0 and s["itl_p50_ms"] is not None
+
+
+def test_split_spreads_requests_and_concurrency_and_keeps_arrival_times():
+    reqs = list("abcdefg")
+    shares = sl.split(reqs, 3, 5, None)
+    assert [s.indices for s in shares] == [(0, 3, 6), (1, 4), (2, 5)]
+    assert [s.concurrency for s in shares] == [2, 2, 1] and shares[1].requests == ("b", "e")
+    arrivals = [0.1 * i for i in range(7)]
+    opened = sl.split(reqs, 2, None, arrivals, start_at=5.0)
+    assert opened[1].arrivals == (0.1, 0.30000000000000004, 0.5) and opened[0].start_at == 5.0
+    assert [len(s.indices) for s in sl.split(reqs[:2], 4, 8, None)] == [1, 1]   # empty shares dropped
+    assert [s.concurrency for s in sl.split(reqs, 3, 1, None)] == [1, 1, 1]
+    with pytest.raises(ValueError, match="processes"):
+        sl.split(reqs, 0, 1, None)
+
+
+def test_id_offset_shifts_a_trace_within_its_vocabulary():
+    base = sl.load_requests(None, 3, None, trace="seed-12x128")
+    moved = sl.load_requests(None, 3, None, trace="seed-12x128", id_offset=31_999)
+    assert all(m == (b + 31_999) % 32_000 for r0, r1 in zip(base, moved) for b, m in zip(r0.input_ids, r1.input_ids))
+    assert moved[0].input_ids != base[0].input_ids and max(max(r.input_ids) for r in moved) < 32_000
+
+
+def test_two_client_processes_send_every_request_once(tmp_path):
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"prompt": f"p{i}", "max_tokens": 2 + i % 3}) + "\n" for i in range(7)))
+
+    async def go(loop_args):
+        server, url, seen = await _sse_server(_completion_events)
+        async with server:
+            args = ["--target", "openai", "--url", url, "--model", "m", "--workload", str(wl), *loop_args,
+                    "--processes", "2", "--json", str(tmp_path / "o.json")]
+            return await asyncio.to_thread(sl.main, args), seen
+
+    for loop_args in (["--concurrency", "3"], ["--rate", "50"]):
+        rc, seen = asyncio.run(go(loop_args))
+        data = json.loads((tmp_path / "o.json").read_text())
+        assert rc == 0 and sorted(b["prompt"] for b in seen) == [f"p{i}" for i in range(7)]
+        assert [r["index"] for r in data["requests"]] == list(range(7))
+        assert data["summary"]["output_tokens"] == data["summary"]["expected_tokens"] == sum(2 + i % 3 for i in range(7))
+        assert data["summary"]["processes"] == 2 and data["summary"]["window_s"] < 20
