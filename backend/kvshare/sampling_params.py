@@ -40,9 +40,10 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
-    def adjusts_logits(self) -> bool:
-        """Whether any logit is changed before the draw (the per-row path; never on the overlap path)."""
-        return self.has_penalties or bool(self.bad_words) or bool(self.logit_bias) or self.min_tokens > 0
+    def adjusts_logits_per_row(self) -> bool:
+        """Adjustments only the sampler's per-row host path applies (min_tokens' end-id ban also
+        runs batched on the device: ModelRunner.launch_greedy)."""
+        return self.has_penalties or bool(self.bad_words) or bool(self.logit_bias)
 
     @property
     def needs_logits_on_host(self) -> bool:

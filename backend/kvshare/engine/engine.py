@@ -427,7 +427,7 @@ class LLMEngine:
         if self._faults is not None:
             self._faults.check("forward")
         if overlap:
-            launched = self.runner.launch_greedy(inputs)
+            launched = self.runner.launch_greedy(inputs, self._end_bans(plan, pending_rows))
             self.scheduler.advance()
             outputs += self._resolve_pending()
             self._pending = _PendingStep(tuple(sampling_ids), {s: i for i, s in enumerate(sampling_ids)}, launched)
@@ -450,15 +450,31 @@ class LLMEngine:
         return StepShape(decode_rows, plan.num_tokens - decode_rows, self.runner.last_path)
 
     def _overlap_eligible(self, plan) -> bool:
-        """Rows whose sampling needs the previous token on the host (penalties, min_tokens, random
-        draws) run synchronously; greedy rows only need the argmax, which stays on the device."""
+        """Rows whose sampling needs the previous token on the host (penalties, bad words, biases,
+        random draws) run synchronously; greedy rows only need the argmax, which stays on the
+        device, and min_tokens only bans end ids there (_end_bans)."""
         for chunk in plan.chunks:
             p = self._by_seq[chunk.seq_id].params
-            if chunk.samples and (not p.greedy or p.adjusts_logits or p.needs_logits_on_host):
+            if chunk.samples and (not p.greedy or p.adjusts_logits_per_row or p.needs_logits_on_host):
                 return False
             if p.return_context_logits and chunk.start < len(self._by_seq[chunk.seq_id].prompt_ids):
                 return False     # its prompt rows' logits come back: the eager step (ModelRunner.execute)
         return True
+
+    def _end_bans(self, plan, pending_rows: dict[int, int]) -> list[tuple[int, tuple[int, ...] | None]]:
+        """(sampling row, end ids) of the rows whose draw must not end them yet: fewer than
+        min_tokens tokens out, counting the one the step still on the device is drawing."""
+        bans = []
+        row = 0
+        for chunk in plan.chunks:
+            if not chunk.samples:
+                continue
+            state = self._by_seq[chunk.seq_id]
+            p = state.params
+            if p.min_tokens and len(state.output_ids) + (chunk.seq_id in pending_rows) < p.min_tokens:
+                bans.append((row, p.end_ids))
+            row += 1
+        return bans
 
     @staticmethod
     def _collect_context_logits(state: RequestState, start: int, rows) -> None:

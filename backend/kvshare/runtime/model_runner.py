@@ -139,16 +139,22 @@ class ModelRunner:
         index = torch.tensor(sampling_rows, dtype=torch.long, device=logits.device)
         return logits.index_select(0, index), context
 
-    def launch_greedy(self, chunks: Sequence[ChunkInput]) -> LaunchedStep:
+    def launch_greedy(self, chunks: Sequence[ChunkInput],
+                      end_bans: Sequence[tuple[int, tuple[int, ...] | None]] = ()) -> LaunchedStep:
         """Overlap scheduling: run the step and take the argmax of every sampling row without waiting.
 
         The ids stay on the device for the next step's future_ref inputs and travel to a pinned
         host slot behind the step; LaunchedStep.tokens() waits for them. For steps whose rows are
-        all greedy with no penalties (the engine decides).
+        all greedy with no penalties (the engine decides). end_bans: (sampling row, its end ids or
+        None for the model's EOS) of the rows still under their min_tokens, whose end ids must not
+        be drawn (the sampler's rule, applied here on the device without a sync).
         """
         n = sum(1 for c in chunks if c.sampling is not None)
         logits, greedy = self._forward(chunks, n)
-        ids = greedy if greedy is not None else logits.argmax(dim=-1)
+        if end_bans:
+            ids = self._argmax_without_ends(logits[:n], end_bans)
+        else:
+            ids = greedy if greedy is not None else logits.argmax(dim=-1)
         self.last_ids[:n].copy_(ids, non_blocking=True)
         slot, event = self._host_slots[self._slot], self._events[self._slot]
         self._slot ^= 1
@@ -156,6 +162,22 @@ class ModelRunner:
         if event is not None:
             event.record()
         return LaunchedStep(n, slot, event)
+
+    def _argmax_without_ends(self, logits: torch.Tensor,
+                             end_bans: Sequence[tuple[int, tuple[int, ...] | None]]) -> torch.Tensor:
+        """Greedy ids with the banned rows' end ids at -inf: one small upload of (row, id) pairs
+        through pinned memory and one index_put, so min_tokens keeps the overlap path and its
+        graphs (a per-row host loop with a sync made every such step several times slower)."""
+        rows, cols = [], []
+        for row, ends in end_bans:
+            ids = self.sampler.eos if ends is None else ends
+            rows += [row] * len(ids)
+            cols += ids
+        with torch.inference_mode():     # the forward's logits are inference tensors
+            if rows:
+                idx = to_device(torch.tensor([rows, cols], dtype=torch.long), logits.device)
+                logits[idx[0], idx[1]] = float("-inf")    # the logits are this step's own buffer
+            return logits.argmax(dim=-1)
 
     def _forward(self, chunks: Sequence[ChunkInput], num_sampling: int,
                  all_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

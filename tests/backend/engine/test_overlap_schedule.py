@@ -181,9 +181,40 @@ def test_real_model_texts_and_stop_strings_are_identical(smollm2):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_overlap_with_cuda_graphs_is_identical():
-    reqs = [(f"r{i}", p, SamplingParams(max_tokens=6 + 5 * i, temperature=0.0, ignore_eos=True))
+    reqs = [(f"r{i}", p, SamplingParams(max_tokens=6 + 5 * i, temperature=0.0, ignore_eos=True,
+                                        min_tokens=3 * i))   # min_tokens bans end ids after the graph's step
             for i, p in enumerate(prompts(6))]
     kw = dict(device="cuda", dtype="float32", num_pages=128, max_running=8)
     sync = drive(make_engine(False, **kw), reqs)
     over = drive(make_engine(True, **kw), reqs)
     assert over == sync
+
+
+def test_min_tokens_keeps_the_overlap_path_and_bans_end_ids_until_reached():
+    """min_tokens (genai-perf's and TRT-LLM clients' fixed output lengths send it) bans the end ids on
+    the device: the step stays overlapped, and the tokens equal the synchronous sampler's."""
+    base = prompts(4, 9, seed=5)
+    probe = drive(make_engine(False), [(f"p{i}", p, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+                                       for i, p in enumerate(base)])
+    # each request's own first greedy token becomes its end id: without the ban it would end at once
+    reqs = [(f"r{i}", p, SamplingParams(max_tokens=10, temperature=0.0, min_tokens=4 + i,
+                                        end_ids=(probe[f"p{i}"]["tokens"][0],)))
+            for i, p in enumerate(base)]
+    reqs.append(("eos", base[0], SamplingParams(max_tokens=10, temperature=0.0, min_tokens=3)))   # the model's EOS
+    reqs.append(("free", base[1], SamplingParams(max_tokens=10, temperature=0.0,
+                                                end_ids=(probe["p1"]["tokens"][0],))))
+    sync, over = both(reqs)
+    assert over == sync
+    for i, p in enumerate(base):
+        end = probe[f"p{i}"]["tokens"][0]
+        assert end not in over[f"r{i}"]["tokens"][: 4 + i]
+        assert over[f"r{i}"]["final"][1] >= 4 + i
+    assert over["free"]["final"][1] == 1                    # no min_tokens: its end id ends it at once
+    engine = make_engine(True)
+    engine.add_request("m", base[2], SamplingParams(max_tokens=8, temperature=0.0, min_tokens=5, ignore_eos=True))
+    launched = []
+    real = engine.runner.launch_greedy
+    engine.runner.launch_greedy = lambda inputs, bans=(): launched.append(list(bans)) or real(inputs, bans)
+    while engine.has_work:
+        engine.step()
+    assert [bool(b) for b in launched] == [True] * 5 + [False] * 3     # every draw overlapped; the ban lifts at 5
