@@ -231,13 +231,18 @@ SUITES: tuple[Suite, ...] = (
           minutes=2.5),
     Suite("profile",
           "where a step's time goes: decode graph replay vs kernels at batch 64 and 256, fixed-256's prefill "
-          "phase (host and kernels), shared-prefix cascade and mixed steps at 16x16 and 32x8",
+          "phase (host and kernels), shared-prefix cascade and mixed steps at 16x16 and 32x8, the mixed "
+          "trace's steps by kind at 64 in flight",
           (profiler("decode", "profile_decode.py", 150, result="profile_decode.json"),
            profiler("prefill", "profile_prefill.py", 150, result="profile_prefill.json"),
            profiler("shared-prefix-16x16", "profile_shared_prefix.py", 150, result="profile_shared_prefix.json"),
            profiler("shared-prefix-32x8", "profile_shared_prefix.py", 150, "--groups", "32", "--members", "8",
-                    result="profile_shared_prefix.json")),
-          minutes=4),
+                    result="profile_shared_prefix.json"),
+           # the serving gap beside vllm serve (peer-serving): the mixed trace's steps by kind (decode
+           # graphs vs eager steps that mix prefill chunks with decodes), offline, 64 in flight
+           offline("mixed", 150, "--workloads", "mixed:200:", "--baselines", "", "--max-running", "64",
+                   "--max-model-len", "4096", "--step-profile")),
+          minutes=5),
     Suite("tier",
           "the KV tiers: shared-prefix (512 requests, all 64 system prompts, delay 8) in a 20 GB pool too small "
           "for them, with no tier, with 16 GB of host pages, and with the same host tier over a 32 GB disk tier "
