@@ -11,6 +11,7 @@ authentication (docs/security.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import logging
 import os
@@ -119,12 +120,59 @@ def wait_ready(proc: subprocess.Popen, addr: ServerAddress, timeout_s: float = 3
 def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
     if proc.poll() is not None:
         return
+    log.info("stopping the server (pid %d)", proc.pid)
     os.killpg(proc.pid, signal.SIGINT)
     try:
         proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    log.info("tritonserver exited with code %d", proc.returncode)
+
+
+class StopSignals:
+    """SIGINT and SIGTERM for main(): the first one stops the server, by raising KeyboardInterrupt
+    to unwind main to its stop(). Once stopping has begun, further ones are logged and not raised:
+    an exception inside stop() would abandon the server halfway through its shutdown, to die on its
+    own tens of seconds later. A third Ctrl-C kills the server's process group: a user who presses it
+    again after being told the server is already stopping wants it gone now. SIGTERMs never do,
+    since a process manager that repeats one has its own SIGKILL to send."""
+
+    KILL_AFTER_INTERRUPTS = 3
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.stopping = False
+        self.interrupts = 0
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self.on_signal)
+        signal.signal(signal.SIGTERM, self.on_signal)
+
+    def begin_stop(self) -> None:
+        self.stopping = True
+
+    def stopped(self) -> None:
+        """The server is gone: a signal from now on is ignored, since on the way out (interpreter
+        shutdown restores the default action) it would kill the launcher with the signal's code
+        instead of main's."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def on_signal(self, signum: int, _frame) -> None:
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+        if not self.stopping:
+            self.stopping = True      # before raising: a second signal must not interrupt the unwinding
+            raise KeyboardInterrupt
+        if signum == signal.SIGINT and self.interrupts >= self.KILL_AFTER_INTERRUPTS:
+            log.warning("Ctrl-C %d times: killing the server (pid %d)", self.interrupts, self.proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            return
+        more = self.KILL_AFTER_INTERRUPTS - self.interrupts
+        hint = f"; Ctrl-C {more} more time{'s' if more > 1 else ''} to kill it" if signum == signal.SIGINT else ""
+        log.warning("already stopping the server (%s)%s", signal.Signals(signum).name, hint)
 
 
 STUB_DIED = 70      # main()'s exit code when a Python-backend stub died under a running server
@@ -189,16 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     repo = args.model_repository.resolve()
     log.info("starting Triton Inference Server on %s (log below)", repo)
     proc = start(repo, addr, extra_args=args.extra)
-
-    def on_sigterm(*_):
-        raise KeyboardInterrupt   # unwinds to the finally below, which stops the server once
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    signals = StopSignals(proc)
+    signals.install()
     try:
         wait_ready(proc, addr)
         log.info("READY: gRPC %s  HTTP %s  metrics %s", addr.grpc_url, addr.http_url, addr.metrics_url)
         log.info("try: .venv/bin/kvshare-client generate --chat --temperature 0 'What is the capital of France?'")
         dead = wait_for_stub_death(proc, stub_pids(proc.pid))
+        signals.begin_stop()          # from here on a signal must not interrupt the way out
         if dead is None:
             return proc.returncode
         log.error("a Python-backend stub (pid %d) died; Triton does not restart it and still reports the model "
@@ -207,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        signals.begin_stop()
         stop(proc)
+        signals.stopped()
 
 
 if __name__ == "__main__":
