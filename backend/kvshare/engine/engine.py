@@ -421,8 +421,10 @@ class LLMEngine:
                 ids = (future_ref(pending_rows[chunk.seq_id]),)   # sampled by the step still on the device
             else:
                 ids = state.token_slice(chunk.start, chunk.num_tokens)
-            all_logits = state.params.return_context_logits and chunk.start < len(state.prompt_ids)
-            inputs.append(ChunkInput(ids, chunk.start, self.scheduler.page_table(chunk.seq_id), sampling, all_logits))
+            prompt = chunk.start < len(state.prompt_ids)
+            all_logits = state.params.return_context_logits and prompt
+            inputs.append(ChunkInput(ids, chunk.start, self.scheduler.page_table(chunk.seq_id), sampling, all_logits,
+                                     prompt=prompt))
         sampling_ids = [c.seq_id for c in plan.chunks if c.samples]
         if self._faults is not None:
             self._faults.check("forward")

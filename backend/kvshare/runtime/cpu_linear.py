@@ -7,7 +7,8 @@ emits) reads the weight as it lies. Measured on the 2-core AVX2 CI machine with 
 shapes (`python -m perf.engine.cpu_decode_step`): at 12 rows the tied lm_head [49152, 576] takes
 2.2x less time and gate_up [3072, 576] 1.8x less; at a prefill's 1536 rows about 1.1x less.
 The values are F.linear's up to float32 rounding. fp32 only (the CPU default); other dtypes, or a
-torch without oneDNN, keep F.linear. Opt-in for now (KVSHARE_CPU_LINEAR=1, runtime/llama.py).
+torch without oneDNN, keep F.linear. The CPU model's default; KVSHARE_CPU_LINEAR=0 keeps F.linear
+(runtime/llama.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ Linear = Callable[..., torch.Tensor]
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) through oneDNN, for float32 tensors on the CPU.
 
-    A row's result does not depend on how many rows come with it (checked from 1 to 600 rows), so a
+    A row's result does not depend on how many rows come with it nor where it sits among them
+    (checked from 1 to 2048 rows with SmolLM2's weight shapes), so a
     prompt's tail computed alone after a prefix-cache hit, or a sequence decoded beside others,
     gets the very bits it would get in any other batch. oneDNN takes another path for a single
     row, with other roundings: that row goes in twice. (MKL's sgemm behind F.linear is not

@@ -21,7 +21,7 @@ class ForwardBatch:
     query_start_loc: torch.Tensor  # int32 [B+1] chunk b owns tokens [qsl[b], qsl[b+1])
     context_lens: torch.Tensor     # int32 [B] tokens in the cache after this step
     logits_indices: torch.Tensor   # int64 [S] rows of T whose next-token logits are wanted
-    decode_only: bool              # every chunk is one token: the decode kernel applies
+    decode_only: bool              # every chunk is one token (and no prompt's, on request): the decode kernel applies
     max_query_len: int
     max_context: int
     cascade: "CascadePlan | None" = None   # decode only: rows sharing prefix pages read them once per group
@@ -33,11 +33,16 @@ class ForwardBatch:
 
 def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bool]], page_size: int,
                         device: torch.device, *, decode_max_context: int | None = None,
-                        cascade: "CascadePlan | None" = None, all_logits: Sequence[bool] | None = None) -> ForwardBatch:
+                        cascade: "CascadePlan | None" = None, all_logits: Sequence[bool] | None = None,
+                        prompt_prefill: bool = False) -> ForwardBatch:
     """chunks: (token ids to compute, start position, the sequence's page table, wants logits).
 
     all_logits: per chunk, whether every one of its tokens' logits is wanted (return_context_logits),
     not only its last's; those rows come in token order, in chunk order with the others.
+
+    prompt_prefill: the step holds a chunk of prompt tokens, which then goes through the prefill
+    attention even as a single token (a prompt's tail after a prefix-cache hit), so that a prompt's
+    row is computed the same way whatever its chunk's length (runtime/cpu_attention.py).
 
     decode_max_context: for a decode-only batch, the bound handed to the decode kernel's split-K
     heuristic instead of the batch's own longest context (CUDA graphs fix it; see cuda_graph_runner).
@@ -77,7 +82,7 @@ def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bo
     narrow = _Packer(np.int32)      # slots, query_start_loc, context_lens, page table
     slots_at, qsl_at, ctx_at, table_at = narrow.add(slots), narrow.add(qsl), narrow.add(ctx), narrow.add(table.ravel())
     w, n = wide.upload(device), narrow.upload(device)
-    decode_only = bool((lens == 1).all())
+    decode_only = bool((lens == 1).all()) and not prompt_prefill
     max_context = int(ctx.max()) if b else 0
     if decode_only and decode_max_context is not None:
         max_context = max(max_context, decode_max_context)

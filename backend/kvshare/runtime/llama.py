@@ -9,6 +9,7 @@ import kvshare_kernels
 import torch
 import torch.nn.functional as F
 
+from .cpu_attention import row_invariant_prefill
 from .cpu_linear import cpu_linear
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
@@ -41,12 +42,17 @@ class LlamaModel:
         # kernels (kvshare_kernels.fused_*: one launch each instead of 2-12); the CPU keeps the torch ops
         # below, HF transformers' own. KVSHARE_FUSED_KERNELS=0 turns the fusion off.
         self.fused = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_FUSED_KERNELS", "1") != "0"
-        # KVSHARE_CPU_LINEAR=1: the CPU's linear layers run through oneDNN (cpu_linear.py: a decode
-        # step's large GEMMs in about half the time of F.linear's sgemm). Off by default until a
-        # repeated prompt over int8 prefix pages gives its first run's greedy tokens with it, as it
-        # does with F.linear (tests/backend/integration/test_kv_cache_dtype_server.py).
-        cpu = torch.device(device).type == "cpu" and os.environ.get("KVSHARE_CPU_LINEAR", "0") == "1"
-        self._linear = cpu_linear(dtype) if cpu else F.linear
+        cpu = torch.device(device).type == "cpu"
+        # The CPU's linear layers run through oneDNN (cpu_linear.py: a decode step's large GEMMs in
+        # about half the time of F.linear's sgemm, a row's bits independent of the rows beside it);
+        # KVSHARE_CPU_LINEAR=0 keeps F.linear.
+        onednn = cpu and os.environ.get("KVSHARE_CPU_LINEAR", "1") != "0"
+        self._linear = cpu_linear(dtype) if onednn else F.linear
+        # The CPU's prefill attention gives a chunk of 1-3 rows other bits than a longer one
+        # (cpu_attention.py): padded, a prompt's tail computed after a prefix-cache hit gets its
+        # first run's bits.
+        prefill = self.ops.paged_prefill_attention
+        self._prefill_attention = row_invariant_prefill(prefill) if cpu else prefill
         if self.fused:
             from kvshare_kernels.fused_norm import rms_norm as fused_rms_norm
             from kvshare_kernels.fused_rotary import rotary_write_kv
@@ -126,5 +132,5 @@ class LlamaModel:
         if b.decode_only:
             return self.ops.paged_decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, self.scale,
                                                    max_context=b.max_context, **scales)
-        return self.ops.paged_prefill_attention(q, k_cache, v_cache, b.page_table, b.query_start_loc, b.context_lens,
-                                                self.scale, max_query_len=b.max_query_len, **scales)
+        return self._prefill_attention(q, k_cache, v_cache, b.page_table, b.query_start_loc, b.context_lens,
+                                      self.scale, max_query_len=b.max_query_len, **scales)

@@ -48,6 +48,7 @@ class ChunkInput:
     page_table: Sequence[int]          # the sequence's physical pages, in order
     sampling: SamplingRow | None       # set when a next token is wanted after this chunk
     all_logits: bool = False           # return every token's logits (return_context_logits; eager steps only)
+    prompt: bool = False               # token_ids are prompt tokens (a prefill chunk, however short)
 
 
 class ModelRunner:
@@ -199,10 +200,14 @@ class ModelRunner:
         if plan is not None:
             plan = plan.to(self.device) if self.device.type != "cuda" else plan.pin_memory().to(self.device, non_blocking=True)
         decode_bound = self.decode_context if self.device.type == "cuda" else None
+        # On the CPU a prompt's rows always take the prefill attention, whose rows do not depend on
+        # the chunk's length: a prompt's tail after a prefix-cache hit then gets its first run's bits.
+        # CUDA keeps its decode kernel (and graphs) for steps of single tokens.
+        prompt_prefill = self.device.type == "cpu" and any(c.prompt for c in chunks)
         batch = build_forward_batch(
             [(c.token_ids, c.start, c.page_table, c.sampling is not None) for c in chunks],
             self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan,
-            all_logits=[c.all_logits for c in chunks] if all_logits else None)
+            all_logits=[c.all_logits for c in chunks] if all_logits else None, prompt_prefill=prompt_prefill)
         if any(len(c.token_ids) == 1 and c.token_ids[0] < 0 for c in chunks):
             batch = replace(batch, input_ids=resolve_future_ids(batch.input_ids, self.last_ids))
         if self.mirror is not None:

@@ -5,6 +5,8 @@ together, and every page comes back. The accuracy against 16-bit pages is measur
 perf/engine/kv_dtype_accuracy.py and checked through the real server (test_kv_cache_dtype_server.py)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -134,3 +136,26 @@ def test_host_tier_moves_values_and_scales(kv_cache_dtype):
     assert engine.kv.host_pages > 0 and engine.scheduler.kv.host.loads_total > 0
     assert tiered[3] == roomy[3] and tiered[3][1] == 28
     assert all(torch.equal(x, y) for x, y in zip(tiered_pages, roomy_pages))
+
+
+@pytest.mark.skipif(os.environ.get("KVSHARE_CPU_LINEAR") == "0",
+                    reason="F.linear's sgemm rounds a chunk of fewer than 12 rows its own way")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("length", [13, 14, 16])
+def test_a_repeated_prompt_gets_its_first_runs_logits_bit_for_bit(kv_cache_dtype, length):
+    """The second run reads the first run's prefix pages and computes only its tail, 1-3 tokens here:
+    its rows must get the bits the first run's longer prefill gave them (runtime/cpu_attention.py,
+    cpu_linear.py), else a near-tie in a real model flips a greedy token (docs/decisions.md)."""
+    prompt = prompts(1, length=length)[0]
+    engine = make_engine(kv_cache_dtype)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, return_generation_logits=True)
+    runs = []
+    for rid in ("first", "again"):
+        engine.add_request(rid, prompt, params)
+        outs = []
+        while engine.has_work:
+            outs += engine.step()
+        runs.append((torch.stack([row for o in outs for row in o.generation_logits]), outs[-1].cached_tokens))
+    (first, _), (again, cached) = runs
+    assert 1 <= length - cached <= 3
+    assert torch.equal(again, first)

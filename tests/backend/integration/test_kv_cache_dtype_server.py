@@ -5,8 +5,9 @@ its quantized prefix pages with the tokens of the first answer, and leaves no pa
 
 The threshold comes from measurements: perf.engine.kv_dtype_accuracy's 8 prompts x 32 tokens gave
 int8 pages 197 of 256 identical greedy tokens (0.77) against fp32 pages on SmolLM2 (CPU,
-2026-12-01; docs/kv-quantization.md), and this test's prompts through this server 201 of 256
-(0.785) with all 8 first tokens equal (2026-12-01; the test prints its count). It asks for 0.6. fp8_e4m3 runs the same engine code with another constexpr and is covered by the engine
+2026-12-01; docs/kv-quantization.md), and this test's prompts through this server 199 of 256
+(0.777) with all 8 first tokens equal (oneDNN's linear layers, the CPU default; 212 with
+KVSHARE_CPU_LINEAR=0; 2026-12-01, the test prints its count). It asks for 0.6. fp8_e4m3 runs the same engine code with another constexpr and is covered by the engine
 and kernel tests; a second server would double this module's cost.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from kvshare_client import GenerationRequest, KvshareClient
 
 pytestmark = pytest.mark.server
 
-MIN_IDENTICAL = 0.6          # of the 8 x 32 greedy tokens equal to fp32 pages' (measured 0.785)
+MIN_IDENTICAL = 0.6          # of the 8 x 32 greedy tokens equal to fp32 pages' (measured 0.777)
 
 
 def repository_of_this_tree(tmp: Path) -> Path:

@@ -43,3 +43,36 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(rows, extra, shape, bia
     w, x = torch.randn(n, k, generator=g), torch.randn(rows + extra, k, generator=g)
     b = torch.randn(n, generator=g) if bias else None
     assert torch.equal(onednn_linear(x[:rows], w, b), onednn_linear(x, w, b)[:rows])
+
+
+# SmolLM2-135M's weights [out, in]: qkv (9 + 2 * 3 heads of 64), o_proj, gate_up, down.
+SMOLLM2_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(total=st.integers(2, 600), start=st.integers(0, 599), rows=st.integers(1, 16),
+       shape=st.sampled_from(SMOLLM2_SHAPES), seed=st.integers(0, 2 ** 16))
+def test_a_prompts_tail_gets_the_bits_it_has_inside_the_whole_prompt(total, start, rows, shape, seed):
+    """After a prefix-cache hit the engine computes the prompt's last rows alone: any rows, not only
+    the first ones, must keep the bits they got within the whole prefill."""
+    g = torch.Generator().manual_seed(seed)
+    n, k = shape
+    w, x = torch.randn(n, k, generator=g) * 0.05, torch.randn(total, k, generator=g)
+    start = min(start, total - 1)
+    end = min(total, start + rows)
+    assert torch.equal(onednn_linear(x[start:end].clone(), w), onednn_linear(x, w)[start:end])
+
+
+def test_prefill_chunk_sizes_and_the_lm_head_rows_keep_their_bits():
+    """The row counts a prefill chunk reaches (max_prefill_chunk 512, a step's 2048 tokens) and the
+    tied lm_head [49152, 576] over a decode batch's rows."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(3072, 576, generator=g) * 0.05
+    x = torch.randn(2048, 576, generator=g)
+    full = onednn_linear(x, w)
+    for a, b in [(0, 512), (512, 1024), (1000, 1537), (2040, 2048), (2047, 2048), (1023, 1025)]:
+        assert torch.equal(onednn_linear(x[a:b].clone(), w), full[a:b]), (a, b)
+    head, h = torch.randn(49152, 576, generator=g) * 0.05, torch.randn(12, 576, generator=g)
+    logits = onednn_linear(h, head)
+    assert all(torch.equal(onednn_linear(h[i:i + 1], head), logits[i:i + 1]) for i in range(12))
+    assert torch.equal(onednn_linear(h[3:6], head), logits[3:6])
