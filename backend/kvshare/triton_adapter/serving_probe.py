@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
+import logging
 from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
 
 _FALSE = {"false", "off", "0", "no"}
 
@@ -73,6 +76,7 @@ class HttpReadiness:
         self.path = f"/v2/models/{model_name}/ready"
         self.timeout_s = timeout_s
         self._answered = False
+        self._unsure = False
 
     def __call__(self) -> bool | None:
         conn = http.client.HTTPConnection(self.endpoint.host, self.endpoint.port, timeout=self.timeout_s)
@@ -81,11 +85,17 @@ class HttpReadiness:
             status = conn.getresponse().status
         except ConnectionRefusedError:
             return False if self._answered else None
-        except (OSError, http.client.HTTPException):
+        except (OSError, http.client.HTTPException) as exc:
+            # logged once per spell: a shutdown the probe cannot see holds every request to its end
+            if self._answered and not self._unsure:
+                log.warning("shutdown probe %s got no answer (%s: %s); asking again", self, type(exc).__name__, exc)
+            self._unsure = True
             return None
         finally:
             conn.close()
-        self._answered = True
+        if self._unsure:
+            log.info("shutdown probe %s answers again (%d)", self, status)
+        self._answered, self._unsure = True, False
         return status == 200
 
     def __repr__(self) -> str:

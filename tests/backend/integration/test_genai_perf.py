@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,12 @@ TOKENIZER = GP_VENV / "tokenizer"
 REQUESTS = 4
 OUTPUT_TOKENS = 16
 INPUT_TOKENS = 32
+# perf_analyzer 2.51 asks for every output in the model's metadata and exports the FP32 ones a
+# response does not carry (cumulative_logprob, cum_log_probs, ...) from uninitialized memory; when
+# those bytes read as NaN or Inf its JSON writer stops before its first flush and the export is
+# empty (about 1 run in 20 here; docs/decisions.md). The server sends what the vLLM and TensorRT-LLM
+# backends send, so such a run is perf_analyzer's own failure: it is run again once.
+PA_EMPTY_EXPORT = "Failed to parse JSON string: ''"
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +71,13 @@ def profile(env: dict, url: str, model: str, backend: str, tmp_path: Path, *, st
            "--output-tokens-mean", str(OUTPUT_TOKENS), "--output-tokens-stddev", "0",
            "--output-tokens-mean-deterministic", "--random-seed", "7",
            "--tokenizer", str(TOKENIZER), "-u", url, "--artifact-dir", str(tmp_path / "artifacts")]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
+    for attempt in range(2):
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        out = proc.stdout + proc.stderr
+        if attempt or proc.returncode == 0 or PA_EMPTY_EXPORT not in out:
+            break
+        print(f"perf_analyzer left its export empty (rc 0), genai-perf could not read it; run again once:\n{out[-1500:]}")
+        shutil.rmtree(tmp_path / "artifacts", ignore_errors=True)
     assert proc.returncode == 0, f"genai-perf exit {proc.returncode}\n$ {' '.join(cmd)}\n{out[-6000:]}"
     assert "NVIDIA GenAI-Perf | LLM Metrics" in out, out[-4000:]
     [report] = list((tmp_path / "artifacts").rglob("*_genai_perf.json"))

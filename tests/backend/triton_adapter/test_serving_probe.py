@@ -3,6 +3,7 @@ answers mean (a real HTTP server on a free port stands in for Triton's endpoint)
 from __future__ import annotations
 
 import http.server
+import logging
 import os
 import socket
 import threading
@@ -89,6 +90,29 @@ def test_a_never_reached_endpoint_or_a_silent_one_cannot_tell():
         silent.listen(4)
         probe = HttpReadiness(HttpEndpoint("127.0.0.1", silent.getsockname()[1]), "llm_engine", timeout_s=0.2)
         assert probe() is None
+
+
+def test_an_endpoint_that_answered_then_falls_silent_is_logged_once_per_spell(caplog):
+    handler = type("Handler", (_Ready,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    probe = HttpReadiness(HttpEndpoint("127.0.0.1", server.server_address[1]), "llm_engine", timeout_s=0.2)
+    try:
+        assert probe() is True
+        with socket.socket() as silent:
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(4)
+            probe.endpoint = HttpEndpoint("127.0.0.1", silent.getsockname()[1])
+            with caplog.at_level(logging.INFO, logger="kvshare.triton_adapter.serving_probe"):
+                assert probe() is None and probe() is None
+                probe.endpoint = HttpEndpoint("127.0.0.1", server.server_address[1])
+                assert probe() is True
+    finally:
+        server.shutdown()
+        server.server_close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert "got no answer" in messages[0] and "answers again (200)" in messages[1]
 
 
 def test_an_ipv6_endpoint_url_is_bracketed():
