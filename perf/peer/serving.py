@@ -96,7 +96,6 @@ def load_command(python: str, target: str, url: str, model: str, point: ServingP
 
 def load_env() -> dict[str, str]:
     """The load generator's environment: the repo's packages only (no vLLM site on its path)."""
-    sys.path.insert(0, str(ROOT))
     from perf.gpu.env import python_path
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

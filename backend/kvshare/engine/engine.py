@@ -409,6 +409,11 @@ class LLMEngine:
         self.runner.copy_pages([(c.src, c.dst) for c in plan.copies])
         pending_rows = self._pending.rows if self._pending is not None else {}
         inputs = []
+        sampling_ids = []
+        # (sampling row, end ids) of the rows whose draw must not end them yet (overlap only: the
+        # synchronous sampler applies min_tokens itself): fewer than min_tokens out, counting the
+        # token the step still on the device is drawing
+        end_bans = []
         now = time.monotonic()
         for chunk in plan.chunks:
             state = self._by_seq[chunk.seq_id]
@@ -417,6 +422,10 @@ class LLMEngine:
             sampling = None
             if chunk.samples:
                 sampling = SamplingRow(state.params, state.generator, state.prompt_ids, state.output_ids)
+                p = state.params
+                if overlap and p.min_tokens and len(state.output_ids) + (chunk.seq_id in pending_rows) < p.min_tokens:
+                    end_bans.append((len(sampling_ids), p.end_ids))
+                sampling_ids.append(chunk.seq_id)
             if chunk.start >= len(state.prompt_ids) + len(state.output_ids):
                 ids = (future_ref(pending_rows[chunk.seq_id]),)   # sampled by the step still on the device
             else:
@@ -425,11 +434,10 @@ class LLMEngine:
             all_logits = state.params.return_context_logits and prompt
             inputs.append(ChunkInput(ids, chunk.start, self.scheduler.page_table(chunk.seq_id), sampling, all_logits,
                                      prompt=prompt))
-        sampling_ids = [c.seq_id for c in plan.chunks if c.samples]
         if self._faults is not None:
             self._faults.check("forward")
         if overlap:
-            launched = self.runner.launch_greedy(inputs, self._end_bans(plan, pending_rows))
+            launched = self.runner.launch_greedy(inputs, end_bans)
             self.scheduler.advance()
             outputs += self._resolve_pending()
             self._pending = _PendingStep(tuple(sampling_ids), {s: i for i, s in enumerate(sampling_ids)}, launched)
@@ -454,7 +462,7 @@ class LLMEngine:
     def _overlap_eligible(self, plan) -> bool:
         """Rows whose sampling needs the previous token on the host (penalties, bad words, biases,
         random draws) run synchronously; greedy rows only need the argmax, which stays on the
-        device, and min_tokens only bans end ids there (_end_bans)."""
+        device, and min_tokens only bans end ids there (end_bans in _step)."""
         for chunk in plan.chunks:
             p = self._by_seq[chunk.seq_id].params
             if chunk.samples and (not p.greedy or p.adjusts_logits_per_row or p.needs_logits_on_host):
@@ -462,21 +470,6 @@ class LLMEngine:
             if p.return_context_logits and chunk.start < len(self._by_seq[chunk.seq_id].prompt_ids):
                 return False     # its prompt rows' logits come back: the eager step (ModelRunner.execute)
         return True
-
-    def _end_bans(self, plan, pending_rows: dict[int, int]) -> list[tuple[int, tuple[int, ...] | None]]:
-        """(sampling row, end ids) of the rows whose draw must not end them yet: fewer than
-        min_tokens tokens out, counting the one the step still on the device is drawing."""
-        bans = []
-        row = 0
-        for chunk in plan.chunks:
-            if not chunk.samples:
-                continue
-            state = self._by_seq[chunk.seq_id]
-            p = state.params
-            if p.min_tokens and len(state.output_ids) + (chunk.seq_id in pending_rows) < p.min_tokens:
-                bans.append((row, p.end_ids))
-            row += 1
-        return bans
 
     @staticmethod
     def _collect_context_logits(state: RequestState, start: int, rows) -> None:
