@@ -10,6 +10,9 @@ by tens of percent between minutes):
 2. One decode step of `--batch` sequences at `--prompt-tokens` of context: LLMEngine.step() with
    F.linear (KVSHARE_CPU_LINEAR=0) and with oneDNN, against HF's forward of one token per
    sequence over its KV cache plus the greedy pick, i.e. one step of `generate`.
+3. Where that step goes (torch.profiler, self CPU time of --steps steps per contender, by kind
+   of op): the linear layers, the attention's own kernel, gathering the KV pages (index_select)
+   and everything else; and the bandwidth the linear layers reach over the weights they read.
 
 The model is the embedded default (SmolLM2-135M-Instruct, fp32) unless --model names another.
 Writes cpu_decode_step.json under --out when given.
@@ -50,6 +53,12 @@ def _min_time(fns: dict[str, Callable[[], object]], rounds: int, repeat: int) ->
     return best
 
 
+def _linear_weights(loaded: LoadedModel) -> list[torch.Tensor]:
+    """The weights a decode step multiplies by: every layer's linear layers and the lm_head."""
+    w = loaded.weights
+    return [t for layer in w.layers for t in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [w.lm_head]
+
+
 def gemm_table(loaded: LoadedModel, rows: list[int], rounds: int) -> list[dict]:
     c = loaded.config
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -68,6 +77,34 @@ def gemm_table(loaded: LoadedModel, rows: list[int], rounds: int) -> list[dict]:
             print(f"  {name:8s} [{n:6d} x {k:5d}] rows {m:4d}: F.linear {t['F.linear'] * 1e3:8.3f} ms   "
                   f"oneDNN {t['oneDNN'] * 1e3:8.3f} ms   {out[-1]['speedup']:.2f}x", flush=True)
     return out
+
+
+# op name -> kind; the first pattern contained in the name wins
+OP_KINDS = (("linear", ("_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "aten::matmul",
+                        "aten::bmm")),
+            ("attention", ("scaled_dot_product", "flash_attention")),
+            ("kv gather", ("aten::index_select", "aten::index_fill_", "aten::cat")))
+
+
+def op_kind(name: str) -> str:
+    for kind, patterns in OP_KINDS:
+        if any(p in name for p in patterns):
+            return kind
+    return "other"
+
+
+def step_breakdown(fn: Callable[[], object], steps: int) -> dict[str, float]:
+    """Self CPU ms per step by op kind (OP_KINDS), over `steps` calls of fn under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            fn()
+    kinds = {kind: 0.0 for kind, _ in OP_KINDS} | {"other": 0.0}
+    for event in prof.key_averages():
+        kinds[op_kind(event.key)] += event.self_cpu_time_total / 1e3 / steps
+    return kinds
 
 
 class EngineDecode:
@@ -132,12 +169,21 @@ def main(argv: list[str] | None = None) -> int:
     hf = step["HF forward + argmax"]
     for name, s in step.items():
         print(f"  {name:22s} {s * 1e3:8.1f} ms/step   {hf / s:.2f}x HF", flush=True)
+    weight_gb = sum(t.numel() * t.element_size() for t in _linear_weights(loaded)) / 1e9
+    print(f"3. where a step goes (torch.profiler, self CPU ms per step; {weight_gb * 1e3:.0f} MB of linear "
+          f"weights read per step)", flush=True)
+    kinds = {name: step_breakdown(fn, args.steps) for name, fn in contenders.items()}
+    print(f"  {'':22s} " + " ".join(f"{k:>10s}" for k in next(iter(kinds.values()))) + "   linear GB/s", flush=True)
+    for name, row in kinds.items():
+        print(f"  {name:22s} " + " ".join(f"{v:10.1f}" for v in row.values())
+              + f"   {weight_gb / (row['linear'] / 1e3):8.1f}", flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "cpu_decode_step.json").write_text(json.dumps(
             {"model": loaded.source, "batch": args.batch, "prompt_tokens": args.prompt_tokens, "rounds": args.rounds,
              "threads": torch.get_num_threads(), "gemms": gemms,
-             "decode_step_ms": {k: v * 1e3 for k, v in step.items()}}, indent=1))
+             "decode_step_ms": {k: v * 1e3 for k, v in step.items()},
+             "step_breakdown_ms": kinds, "linear_weight_gb": weight_gb}, indent=1))
     return 0
 
 
