@@ -40,6 +40,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
+from kvshare.core.prefix_cache import common_prefix
 from kvshare.engine.engine import LLMEngine
 from kvshare.engine.engine_config import EngineConfig
 from kvshare.runtime.tokenizer import default_model_source, encode_prompt
@@ -221,15 +222,6 @@ def run_pass(loaded: LoadedModel, device: str, dtype: str, name: str, prompt_ids
 
 
 # -- comparison ----------------------------------------------------------------------------------
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def compare(tok, prompts, got: list[dict], want: list[dict], label: str, verbose: bool = True) -> dict:
     identical, prefixes = 0, []
     n_tokens = max((len(w["token_ids"]) for w in want), default=0)

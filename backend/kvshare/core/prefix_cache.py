@@ -207,7 +207,7 @@ class PrefixCache:
             return None, 0
         best, best_run = None, 0
         for entry in self._candidates(node, want[0]):
-            run = _common_prefix(entry.tokens, want)
+            run = common_prefix(entry.tokens, want)
             if run > best_run:
                 best, best_run = entry, run
         return best, best_run
@@ -330,7 +330,8 @@ class PrefixCache:
         assert n_full == len(self._by_key), f"{len(self._by_key)} keys for {n_full} full entries"
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvshare.core.prefix_cache import common_prefix
 from kvshare.engine.engine import LLMEngine
 from kvshare.engine.engine_config import EngineConfig
 from kvshare.sampling_params import SamplingParams
@@ -25,15 +26,6 @@ SALTS = ("", "tenant-a", "tenant-b")
 
 request_st = st.tuples(st.integers(4, len(BASE)), st.lists(st.integers(30, 40), max_size=3),
                        st.sampled_from(SALTS), st.integers(2, 5))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -69,7 +61,7 @@ def test_a_request_never_reads_a_page_computed_for_another_salt(waves, num_pages
                     c = out.cached_tokens
                     if c:       # shared with a request of its salt admitted before it (finished or not)
                         me = out.request_id
-                        own = [_common_prefix(prompts[me], prompts[q] + outputs[q]) for q in order[:order.index(me)]
+                        own = [common_prefix(prompts[me], prompts[q] + outputs[q]) for q in order[:order.index(me)]
                                if salt_of[q] == salt_of[me]]
                         assert max(own, default=0) >= c, (me, c, own)
             live: dict[int, str] = {}
