@@ -351,10 +351,14 @@ class ResponsePump:
             if final:
                 log.debug("request %s: final response sent (%s)", out.request_id, out.finish_reason)
         except Exception:
-            # The client went away (or the stub refused): end the request on both sides.
-            log.debug("could not send to request %s", out.request_id, exc_info=True)
             if not final:
+                # The client went away (or the stub refused): end the request on both sides.
+                log.debug("could not send to request %s", out.request_id, exc_info=True)
                 self._fail(out.request_id, stream, out.finished, "the response could not be sent")
+                return
+            log.info("could not send the final response of request %s; closing it without one",
+                     out.request_id, exc_info=True)
+            self._close_bare(stream, out.request_id)
             return
         stream.cum_logprob += sum(out.logprobs)
         stream.responses_sent += 1
@@ -384,4 +388,14 @@ class ResponsePump:
             stream.sender.send(error_response(self._pb, message, "INTERNAL"),
                                flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:
-            log.debug("could not send the error final of request %s", request_id, exc_info=True)
+            log.info("could not send the error final of request %s; closing it without one", request_id,
+                     exc_info=True)
+            self._close_bare(stream, request_id)
+
+    def _close_bare(self, stream: ClientStream, request_id: str) -> None:
+        """A final that did not go out would keep its response factory, and Triton finalizes the
+        model (an unload, a shutdown) only once every factory is released: a final without a response."""
+        try:
+            stream.sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:
+            log.warning("could not close request %s either", request_id, exc_info=True)

@@ -15,7 +15,7 @@ import http.client
 import logging
 from collections.abc import Sequence
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kvshare.triton")
 
 _FALSE = {"false", "off", "0", "no"}
 

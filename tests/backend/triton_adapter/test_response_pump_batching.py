@@ -53,11 +53,13 @@ class FakePb:
 class Sent:
     """What a client received in one response, read at send() time as Triton copies it."""
 
-    def __init__(self, response: FakeResponse, flags: int):
+    def __init__(self, response: FakeResponse | None, flags: int):
         self.flags = flags
-        self.error = response.error
-        self.tensors = {t.name(): t.as_numpy().copy() for t in response.output_tensors}
-        self.tensor_ids = {t.name(): id(t) for t in response.output_tensors}
+        self.bare = response is None          # flags only, as a request is closed without a response
+        tensors = response.output_tensors if response is not None else []
+        self.error = response.error if response is not None else None
+        self.tensors = {t.name(): t.as_numpy().copy() for t in tensors}
+        self.tensor_ids = {t.name(): id(t) for t in tensors}
 
     @property
     def final(self) -> bool:

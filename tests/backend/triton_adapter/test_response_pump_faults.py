@@ -81,6 +81,27 @@ def test_a_failed_send_abandons_the_request_and_tries_an_error_final():
     assert len(a.sent) == 1 and a.sent[0].final and a.sent[0].error.message == "the response could not be sent"
 
 
+def test_a_final_that_fails_to_send_still_closes_the_request_with_a_bare_final(caplog):
+    caplog.set_level("INFO", logger="kvshare.triton")
+    class RefusesResponses(FakeSender):
+        def send(self, response=None, flags=0):
+            if response is not None and flags:
+                raise RuntimeError("the stub refused")
+            super().send(response, flags)
+
+    r = Recorder()
+    try:
+        a = r.add("a", sender=RefusesResponses())
+        r.step([out("a", [1], "x")])
+        r.step([out("a", [2], "x", finished=True, reason="cancelled")])
+    finally:
+        r.pump.close()
+    assert [s.ids for s in a.sent[:1]] == [[1]]
+    assert len(a.sent) == 2 and a.sent[1].final and a.sent[1].bare, "the factory must be released"
+    assert r.abandoned == [], "the engine already ended it"
+    assert any("could not send the final response of request a" in m for m in caplog.messages)
+
+
 def test_a_failure_in_one_member_of_a_batched_request_ends_the_whole_request_once():
     r = Recorder("pump:1:1")
     reply = Reply(open=2)

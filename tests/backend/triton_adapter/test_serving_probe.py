@@ -103,7 +103,7 @@ def test_an_endpoint_that_answered_then_falls_silent_is_logged_once_per_spell(ca
             silent.bind(("127.0.0.1", 0))
             silent.listen(4)
             probe.endpoint = HttpEndpoint("127.0.0.1", silent.getsockname()[1])
-            with caplog.at_level(logging.INFO, logger="kvshare.triton_adapter.serving_probe"):
+            with caplog.at_level(logging.INFO, logger="kvshare.triton"):
                 assert probe() is None and probe() is None
                 probe.endpoint = HttpEndpoint("127.0.0.1", server.server_address[1])
                 assert probe() is True
