@@ -80,9 +80,9 @@ def gemm_table(loaded: LoadedModel, rows: list[int], rounds: int) -> list[dict]:
 
 
 # op name -> kind; the first pattern contained in the name wins
-OP_KINDS = (("linear", ("_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "aten::matmul",
-                        "aten::bmm")),
-            ("attention", ("scaled_dot_product", "flash_attention")),
+OP_KINDS = (("linear", ("_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "aten::matmul")),
+            # bmm: the reference attention's math path (scores and values), not a linear layer
+            ("attention", ("scaled_dot_product", "flash_attention", "aten::bmm")),
             ("kv gather", ("aten::index_select", "aten::index_fill_", "aten::cat")))
 
 
