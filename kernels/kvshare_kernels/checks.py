@@ -89,10 +89,13 @@ def check_page_table_values(page_table: torch.Tensor, context_lens: torch.Tensor
                              f"context_len {int(lens[b])})")
 
 
-def check_query_values(query_start_loc: torch.Tensor, context_lens: torch.Tensor, num_tokens: int) -> None:
+def check_query_values(query_start_loc: torch.Tensor, context_lens: torch.Tensor, num_tokens: int,
+                       padded: bool = False) -> None:
+    """padded: rows past the last request's may follow (a CUDA graph's step, padded to its size)."""
     qsl = query_start_loc.detach().cpu().long()
     lens = context_lens.detach().cpu().long()
-    if int(qsl[0]) != 0 or int(qsl[-1]) != num_tokens:
+    end = int(qsl[-1])
+    if int(qsl[0]) != 0 or end > num_tokens or (end != num_tokens and not padded):
         raise PageTableError(f"query_start_loc must run from 0 to the number of query tokens {num_tokens}, "
                              f"got {int(qsl[0])}..{int(qsl[-1])}")
     q_lens = qsl[1:] - qsl[:-1]
@@ -101,6 +104,21 @@ def check_query_values(query_start_loc: torch.Tensor, context_lens: torch.Tensor
         b = int(bad.nonzero()[0, 0])
         raise PageTableError(f"request {b}: {int(q_lens[b])} query tokens but context_len {int(lens[b])} "
                              f"(need 0 <= q_len <= context_len)")
+
+
+def check_tile_values(tiles: torch.Tensor, query_start_loc: torch.Tensor, per_tile: int) -> None:
+    """Every query block of every request is in the tile list exactly once; the rest are idle (-1)."""
+    t = tiles.detach().cpu().long()
+    qsl = query_start_loc.detach().cpu().long()
+    blocks = -(-(qsl[1:] - qsl[:-1]) // per_tile)
+    live = t[t[:, 0] >= 0]
+    if ((t[:, 0] < -1) | (t[:, 0] >= blocks.numel())).any():
+        raise PageTableError(f"tiles name requests outside 0..{blocks.numel() - 1} (or -1 for idle)")
+    want = sorted((b, m) for b in range(blocks.numel()) for m in range(int(blocks[b])))
+    got = sorted(map(tuple, live.tolist()))
+    if got != want:
+        raise PageTableError(f"tiles must list each request's {per_tile}-token query blocks once: "
+                             f"{len(got)} listed, {len(want)} expected")
 
 
 def check_slot_values(slot_mapping: torch.Tensor, num_slots: int) -> None:

@@ -13,7 +13,10 @@ of the block need no causal mask; only the tiles on the diagonal do.
 
 The grid's first dimension covers max_query_len, which the caller knows on the host (the
 scheduler chose the chunk sizes); by default it is the total number of query tokens, an upper
-bound that costs only idle programs, never a synchronisation.
+bound that costs only idle programs, never a synchronisation. With ``tiles`` (prefill_tiles.py:
+a (request, query block) per program, built on the host) the grid is that list x KV heads, fixed
+by its length alone, so a CUDA graph can hold a step of any split of its tokens; a program's
+work is the same either way, only which program does it changes.
 
 8-bit pools as in the decode kernel: tiles converted to the query's dtype, scales folded into the
 scores and probabilities (int8) or the score scale and output (fp8); the
@@ -31,8 +34,10 @@ from . import checks, kv_quant
 from .checks import interpreter_bf16
 from .kv_tiles import P_GAIN, load_kv_tile, token_scales
 from .kv_write import scale_launch_args
+from .prefill_tiles import IDLE, tokens_per_tile
 
 LOG2E = 1.4426950408889634
+IDLE_TILE: tl.constexpr = tl.constexpr(IDLE)
 
 
 @triton.jit
@@ -80,16 +85,24 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
 
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, KS, VS, O, PT, QSL, CTX, scale_log2, v_scale,
+    Q, K, V, KS, VS, O, PT, QSL, CTX, TILES, scale_log2, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_sp, stride_st, stride_ptb,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, KV_QUANT: tl.constexpr,
+    UPCAST: tl.constexpr, KV_QUANT: tl.constexpr, TILED: tl.constexpr,
 ):
-    mblk = tl.program_id(0)
-    b = tl.program_id(1)
-    kvh = tl.program_id(2)
+    if TILED:
+        tile = tl.program_id(0)
+        b = tl.load(TILES + 2 * tile)
+        if b == IDLE_TILE:
+            return
+        mblk = tl.load(TILES + 2 * tile + 1)
+        kvh = tl.program_id(1)
+    else:
+        mblk = tl.program_id(0)
+        b = tl.program_id(1)
+        kvh = tl.program_id(2)
     q_start = tl.load(QSL + b)
     q_len = tl.load(QSL + b + 1) - q_start
     if mblk * BLOCK_MT >= q_len:
@@ -136,8 +149,8 @@ def _prefill_kernel(
              out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
 
-# Tuning defaults (H200, bf16, head_dim 128; see docs/kernels.md).
-BLOCK_M = 64         # rows = query tokens x heads of one group
+# Tuning defaults (H200, bf16, head_dim 128; see docs/kernels.md); BLOCK_M (rows = query tokens x
+# heads of one group) is prefill_tiles', where the work lists are built.
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
@@ -146,12 +159,15 @@ NUM_STAGES = 2
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                             query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
                             out: torch.Tensor | None = None, *, max_query_len: int | None = None,
-                            k_scale=None, v_scale=None,
+                            k_scale=None, v_scale=None, tiles: torch.Tensor | None = None,
                             debug: bool | None = None, block_m: int | None = None, block_n: int | None = None,
                             num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """q [T, Hq, D] (requests back to back); query_start_loc int32 [B+1]; context_lens int32 [B].
 
-    k_scale/v_scale: an int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats."""
+    k_scale/v_scale: an int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats.
+    tiles: int32 [N, 2] (request, query block) per program (prefill_tiles.plan_tiles with this
+    call's block size; unused entries request -1): the grid is N x KV heads, and max_query_len is
+    not used."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
@@ -161,8 +177,11 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if q.dtype != k_cache.dtype and mode == kv_quant.NONE:
         raise ValueError(f"paged_prefill_attention: q is {q.dtype}, the cache {k_cache.dtype}")
     num_pages, page_size, hkv, _ = k_cache.shape
+    if tiles is not None and (tiles.dtype != torch.int32 or tiles.dim() != 2 or tiles.shape[1] != 2
+                              or not tiles.is_contiguous()):
+        raise ValueError(f"tiles must be contiguous int32 [N, 2], got {tiles.dtype} {tuple(tiles.shape)}")
     if checks.debug_enabled(debug):
-        checks.check_query_values(query_start_loc, context_lens, t)
+        checks.check_query_values(query_start_loc, context_lens, t, padded=tiles is not None)
         checks.check_page_table_values(page_table, context_lens, num_pages, page_size)
     if out is None:
         out = torch.empty_like(q)
@@ -174,20 +193,24 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q = q.contiguous()
     group = hq // hkv
     block_g = triton.next_power_of_2(group)
-    block_m = max(block_m or BLOCK_M, 16, block_g)
-    block_mt = block_m // block_g                     # query tokens per program
-    max_query_len = t if max_query_len is None else max_query_len
-    grid = (triton.cdiv(max_query_len, block_mt), nb, hkv)
+    block_mt = tokens_per_tile(hq, hkv, block_m)      # query tokens per program (what a work list is built with)
+    if tiles is not None:
+        if checks.debug_enabled(debug):
+            checks.check_tile_values(tiles, query_start_loc, block_mt)
+        grid = (tiles.shape[0], hkv)
+    else:
+        max_query_len = t if max_query_len is None else max_query_len
+        grid = (triton.cdiv(max_query_len, block_mt), nb, hkv)
     ks, vs, stride_sp, stride_st, kf, vf = scale_launch_args(mode, k_cache, k_scale, v_scale)
     _prefill_kernel[grid](
         q, kv_quant.storage_view(k_cache), kv_quant.storage_view(v_cache), ks, vs, out, page_table, query_start_loc,
-        context_lens, scale * kf * LOG2E, vf,
+        context_lens, query_start_loc if tiles is None else tiles, scale * kf * LOG2E, vf,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n or BLOCK_N,
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=page_size,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
-        num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
+        TILED=tiles is not None, num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
     )
     return out

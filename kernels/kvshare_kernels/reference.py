@@ -109,8 +109,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                             query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
                             out: torch.Tensor | None = None, *, max_query_len: int | None = None,
-                            k_scale=None, v_scale=None, debug: bool | None = None) -> torch.Tensor:
-    """Varlen extend: request i's q_len_i new tokens (its last ones) attend causally to all its cached tokens."""
+                            k_scale=None, v_scale=None, tiles: torch.Tensor | None = None,
+                            debug: bool | None = None) -> torch.Tensor:
+    """Varlen extend: request i's q_len_i new tokens (its last ones) attend causally to all its cached tokens.
+
+    tiles: the Triton kernel's work list (prefill_tiles.py), a schedule only; the result does not
+    depend on it, so the reference ignores it."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")

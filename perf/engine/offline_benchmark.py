@@ -14,6 +14,7 @@ run does not make the row (the JSON keeps every run's figure).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import sys
@@ -157,6 +158,7 @@ def _run_kvshare(loaded: LoadedModel, trace: Trace, args, sharing: bool, label: 
                        max_step_tokens=args.max_step_tokens, max_prefill_chunk=args.max_prefill_chunk,
                        max_model_len=args.max_model_len,
                        enable_prefix_caching=sharing, overlap_schedule=args.overlap, cascade_attention=args.cascade, eviction=args.eviction,
+                       **({"mixed_graph_max_tokens": args.mixed_graphs} if args.mixed_graphs is not None else {}),
                        **({"admission": args.admission} if args.admission else {}),
                        **({"admission_delay_steps": args.admission_delay} if args.admission_delay is not None else {}))
     engine = LLMEngine(cfg, loaded=loaded)
@@ -374,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                     help="overlap scheduling: schedule step N+1 while step N runs (EngineConfig.overlap_schedule); "
                          "default the engine's (on for CUDA, off on the CPU)")
+    ap.add_argument("--mixed-graphs", default="",
+                    help="largest step with a prefill chunk replayed from a CUDA graph "
+                         "(EngineConfig.mixed_graph_max_tokens; 0: such steps run eagerly); a comma list runs each "
+                         "workload once per value, on one loaded model; default the engine's")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each kvshare row N times and keep the one with the median tok/s")
     ap.add_argument("--step-profile", action="store_true",
@@ -404,20 +410,26 @@ def main(argv: list[str] | None = None) -> int:
                 f"disk {args.disk_cache_gb:g} GB" if args.disk_cache_dir else "",
                 f"T={args.temperature:g}" if args.temperature else "", f"top-k {args.top_k}" if args.top_k else ""]
 
-    def variant(kv_dtype: str) -> str:
-        parts = [x for x in ["" if kv_dtype == "auto" else f"kv {kv_dtype}", *settings] if x]
+    try:
+        mixed_graphs = [int(x) for x in args.mixed_graphs.split(",") if x] or [None]
+    except ValueError:
+        ap.error(f"--mixed-graphs: '{args.mixed_graphs}' is not a comma list of token counts")
+
+    def variant(kv_dtype: str, mixed: int | None) -> str:
+        mixed_label = "" if mixed is None else (f"mixed graphs <= {mixed}" if mixed else "no mixed graphs")
+        parts = [x for x in ["" if kv_dtype == "auto" else f"kv {kv_dtype}", mixed_label, *settings] if x]
         return f" ({', '.join(parts)})" if parts else ""
 
     for name, max_requests, baselines in specs:
         trace = limit(make_trace(name), max_requests, args.output_tokens, loaded.config.vocab_size)
         print(f"== {trace.name}: {len(trace.requests)} requests, concurrency {trace.concurrency}", flush=True)
-        for kv_dtype in kv_dtypes:
-            kv_args = argparse.Namespace(**{**vars(args), "kv_cache_dtype": kv_dtype})
+        for kv_dtype, mixed in itertools.product(kv_dtypes, mixed_graphs):
+            kv_args = argparse.Namespace(**{**vars(args), "kv_cache_dtype": kv_dtype, "mixed_graphs": mixed})
             rows.append(run_repeated(partial(run_kvshare, loaded, trace, kv_args, sharing=True,
-                                             label="kvshare" + variant(kv_dtype)), args.repeat))
+                                             label="kvshare" + variant(kv_dtype, mixed)), args.repeat))
             if "no-sharing" in baselines:
                 rows.append(run_repeated(partial(run_kvshare, loaded, trace, kv_args, sharing=False,
-                                                 label="kvshare-no-sharing" + variant(kv_dtype)), args.repeat))
+                                                 label="kvshare-no-sharing" + variant(kv_dtype, mixed)), args.repeat))
         if "generate" in baselines:
             rows.append(run_hf_generate(hf, trace, args))
         if "generate_batch" in baselines:

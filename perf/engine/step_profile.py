@@ -15,10 +15,9 @@ from kvshare.engine.outputs import StepShape
 
 
 def step_kind(shape: StepShape) -> str:
-    if shape.prefill_tokens and shape.decode_rows:
-        return "mixed"
     if shape.prefill_tokens:
-        return "prefill"
+        kind = "mixed" if shape.decode_rows else "prefill"
+        return f"{kind} graph" if shape.path == "mixed-graph" else kind
     return f"decode {shape.path}" if shape.decode_rows else "idle"
 
 

@@ -227,7 +227,8 @@ SUITES: tuple[Suite, ...] = (
                            "tests/backend/engine/test_overlap_schedule.py::test_overlap_with_cuda_graphs_is_identical",
                            "tests/kernels/test_fused_norm.py", "tests/kernels/test_fused_rotary.py",
                            "tests/kernels/test_fused_forward.py", "tests/kernels/test_fused_silu.py",
-                           "tests/kernels/test_cascade_forward.py"), 200)),
+                           "tests/kernels/test_cascade_forward.py", "tests/kernels/test_prefill_attention.py",
+                           "tests/kernels/test_prefill_tiles.py"), 240)),
           minutes=2.5),
     Suite("profile",
           "where a step's time goes: decode graph replay vs kernels at batch 64 and 256, fixed-256's prefill "
@@ -239,9 +240,10 @@ SUITES: tuple[Suite, ...] = (
            profiler("shared-prefix-32x8", "profile_shared_prefix.py", 150, "--groups", "32", "--members", "8",
                     result="profile_shared_prefix.json"),
            # the serving gap beside vllm serve (peer-serving): the mixed trace's steps by kind (decode
-           # graphs vs eager steps that mix prefill chunks with decodes), offline, 64 in flight
-           offline("mixed", 150, "--workloads", "mixed:200:", "--baselines", "", "--max-running", "64",
-                   "--max-model-len", "4096", "--step-profile")),
+           # graphs, steps that mix prefill chunks with decodes in their graphs or eagerly), offline,
+           # 64 in flight, mixed-step graphs on and off
+           offline("mixed", 200, "--workloads", "mixed:200:", "--baselines", "", "--max-running", "64",
+                   "--max-model-len", "4096", "--step-profile", "--mixed-graphs", "1024,0")),
           minutes=5),
     Suite("tier",
           "the KV tiers: shared-prefix (512 requests, all 64 system prompts, delay 8) in a 20 GB pool too small "

@@ -51,6 +51,7 @@ def _prefilled_shared_prefix(dtype, device, *, seed: int, system_pages: int, suf
     config = NAMED_CONFIGS["tiny-llama"]
     weights = random_weights(config, dtype=dtype, device=device, seed=seed)
     model = LlamaModel(config, weights, device=torch.device("cpu"), dtype=dtype, ops=triton_ops)
+    model._linear = torch.nn.functional.linear   # built for the CPU, whose float32 linears are oneDNN's
     model.rope.cos, model.rope.sin = model.rope.cos.to(device), model.rope.sin.to(device)
     g = torch.Generator().manual_seed(seed + 4)
     n_sys = system_pages * PAGE

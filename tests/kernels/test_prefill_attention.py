@@ -71,3 +71,37 @@ def test_prefill_one_token_equals_decode(device):
     b = kernels.paged_decode_attention(q, case.k_cache, case.v_cache, case.page_table, case.context_lens, 0.3,
                                        block_n=16)
     assert rel_err(a, b) < 1e-5
+
+
+@pytest.mark.parametrize("hq,hkv,block_m", [(4, 2, 16), (2, 2, 16), (8, 2, 32)])
+def test_tiled_grid_gives_the_grid_launch_bits(hq, hkv, block_m, device):
+    """A work list (the CUDA graphs' launch) runs the same programs as the grid, in another order:
+    the same bits, idle entries write nothing, query rows past the last request are left alone."""
+    from kvshare_kernels.prefill_tiles import plan_tiles, tile_capacity, tokens_per_tile
+
+    reqs = [(45, 30), (16, 1), (9, 0), (37, 5), (20, 20), (33, 1)]
+    case = make_case([n for n, _ in reqs], 4, hkv, 16, torch.float32, device, seed=hq + block_m)
+    q_lens = [m for _, m in reqs]
+    t, padded = sum(q_lens), sum(q_lens) + 7           # a graph's step: 7 padding rows at the end
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    q = torch.randn(padded, hq, 16, generator=torch.Generator().manual_seed(hq), dtype=torch.float32).to(device)
+    kw = dict(block_m=block_m, block_n=16)
+    grid = kernels.paged_prefill_attention(q[:t], case.k_cache, case.v_cache, case.page_table, qsl,
+                                           case.context_lens, 0.25, **kw)
+    per_tile = tokens_per_tile(hq, hkv, block_m)
+    tiles = plan_tiles(q_lens, [n for n, _ in reqs], per_tile, tile_capacity(padded, len(reqs) + 2, per_tile))
+    assert (tiles[:, 0] == -1).any()
+    out = torch.full_like(q, 7.0)
+    kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, 0.25,
+                                    out, tiles=torch.from_numpy(tiles).to(device), debug=True, **kw)
+    assert torch.equal(out[:t], grid)
+    assert (out[t:] == 7.0).all()
+
+
+def test_tiles_must_be_int32_pairs(device):
+    case = make_case([8], 4, 1, 16, torch.float32, device)
+    q = torch.zeros(8, 1, 16, device=device)
+    qsl = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="tiles must be contiguous int32"):
+        kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, 1.0,
+                                        tiles=torch.zeros(4, dtype=torch.int64, device=device))

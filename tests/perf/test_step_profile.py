@@ -20,6 +20,8 @@ from kvshare.engine.outputs import StepShape  # noqa: E402
 @pytest.mark.parametrize("shape, kind", [
     (StepShape(4, 100, "eager"), "mixed"),
     (StepShape(0, 100, "eager"), "prefill"),
+    (StepShape(4, 100, "mixed-graph"), "mixed graph"),
+    (StepShape(0, 100, "mixed-graph"), "prefill graph"),
     (StepShape(64, 0, "graph"), "decode graph"),
     (StepShape(3, 0, "cascade-graph"), "decode cascade-graph"),
     (StepShape(0, 0, "none"), "idle"),

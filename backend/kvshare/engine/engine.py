@@ -25,6 +25,7 @@ from ..runtime.disk_io import DiskIO
 from ..runtime.disk_store import DiskStore, layout_fingerprint
 from ..runtime.kv_cache import KVCache, kv_storage_dtype, pages_for_memory
 from ..runtime.llama import LlamaModel
+from ..runtime.mixed_graph_runner import mixed_graph_sizes
 from ..runtime.model_runner import ChunkInput, LaunchedStep, ModelRunner, future_ref
 from ..runtime.sampler import Sampler, SamplingRow
 from ..runtime.weights import LoadedModel, load_model
@@ -126,13 +127,16 @@ class LLMEngine:
             max_prefill_chunk=config.max_prefill_chunk, debug_checks=config.debug_checks, admission=config.admission,
             admission_delay_steps=config.admission_delay_steps)
         self.eos_ids = frozenset(loaded.config.eos_token_ids)
-        graph_sizes = graph_batch_sizes(config.max_running) if config.cuda_graphs and not kernel_debug() else ()
+        graphs = config.cuda_graphs and not kernel_debug()
+        graph_sizes = graph_batch_sizes(config.max_running) if graphs else ()
+        mixed_sizes = mixed_graph_sizes(config.mixed_graph_max_tokens, config.max_step_tokens) if graphs else ()
         # The cascade path only pays on the GPU (fewer KV bytes read); the CPU keeps one code path.
         cascade = CascadePolicy() if config.cascade_attention and self.device.type == "cuda" else None
         self._faults = faults          # tests only (engine/faults.py): None in service
         sampler = Sampler(loaded.config.eos_token_ids, seed=config.seed)
         self.runner = ModelRunner(model, self.kv, faults.wrap("sample", sampler) if faults else sampler, self.device,
-                                  max_model_len=self.max_model_len, graph_batch_sizes=graph_sizes, cascade=cascade,
+                                  max_model_len=self.max_model_len, graph_batch_sizes=graph_sizes,
+                                  mixed_graph_tokens=mixed_sizes, cascade=cascade,
                                   max_rows=config.max_running, overlap=config.overlap_enabled,
                                   mirror=self._tp.mirror if self._tp is not None else None)
         self._pending: _PendingStep | None = None    # overlap scheduling: the launched, unresolved step

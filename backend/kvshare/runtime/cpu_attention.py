@@ -49,6 +49,7 @@ def row_invariant_prefill(prefill: PrefillAttention, min_rows: int = MIN_QUERY_R
                   max_query_len: int | None = None, **kw) -> torch.Tensor:
         qsl = query_start_loc.tolist()
         index, starts = padded_rows(qsl, context_lens.tolist(), min_rows)
+        index += range(qsl[-1], q.shape[0])      # rows past the last chunk (a graph-shaped step's padding)
         if len(index) == q.shape[0]:       # no chunk was short: nothing to pad
             return prefill(q, k_cache, v_cache, page_table, query_start_loc, context_lens, scale, out,
                            max_query_len=max_query_len, **kw)

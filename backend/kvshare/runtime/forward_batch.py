@@ -25,6 +25,9 @@ class ForwardBatch:
     max_query_len: int
     max_context: int
     cascade: "CascadePlan | None" = None   # decode only: rows sharing prefix pages read them once per group
+    # int32 [N, 2] the prefill kernel's work list (kvshare_kernels.prefill_tiles), set by the mixed-step
+    # CUDA graphs, whose rows past the last chunk's are padding; None: the kernel's own grid
+    prefill_tiles: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -34,7 +37,7 @@ class ForwardBatch:
 def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bool]], page_size: int,
                         device: torch.device, *, decode_max_context: int | None = None,
                         cascade: "CascadePlan | None" = None, all_logits: Sequence[bool] | None = None,
-                        prompt_prefill: bool = False) -> ForwardBatch:
+                        prompt_prefill: bool = False, prefill_tile_tokens: int | None = None) -> ForwardBatch:
     """chunks: (token ids to compute, start position, the sequence's page table, wants logits).
 
     all_logits: per chunk, whether every one of its tokens' logits is wanted (return_context_logits),
@@ -43,6 +46,10 @@ def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bo
     prompt_prefill: the step holds a chunk of prompt tokens, which then goes through the prefill
     attention even as a single token (a prompt's tail after a prefix-cache hit), so that a prompt's
     row is computed the same way whatever its chunk's length (runtime/cpu_attention.py).
+
+    prefill_tile_tokens: the prefill kernel's query tokens per program (kvshare_kernels.prefill_tiles;
+    CUDA): a step that is not decode-only gets the kernel's work list, as the mixed-step graphs do,
+    so eager and captured steps run one kernel variant (and no first long prompt compiles another).
 
     decode_max_context: for a decode-only batch, the bound handed to the decode kernel's split-K
     heuristic instead of the batch's own longest context (CUDA graphs fix it; see cuda_graph_runner).
@@ -53,36 +60,20 @@ def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bo
     prefill/mixed step's host work behind the previous step (behind the Triton server on the H200:
     0.84 -> 0.965 of the offline engine once it stopped; docs/results/h200.md).
     """
-    b = len(chunks)
-    lens = np.fromiter((len(t) for t, _, _, _ in chunks), dtype=np.int64, count=b)
-    starts = np.fromiter((s for _, s, _, _ in chunks), dtype=np.int64, count=b)
-    wants = np.fromiter((w for _, _, _, w in chunks), dtype=bool, count=b)
-    t = int(lens.sum())
-    # The page table's row stride is a kernel argument, and Triton compiles one variant per class of
-    # it (== 1, divisible by 16, other): rounding the width up to 16 keeps every step in one class,
-    # so a new context length never triggers a compile mid-serving (unread columns cost nothing).
-    max_pages = _PAGE_TABLE_ALIGN * max(1, -(-max((len(pt) for _, _, pt, _ in chunks), default=1) // _PAGE_TABLE_ALIGN))
-    qsl = np.zeros(b + 1, dtype=np.int64)
-    np.cumsum(lens, out=qsl[1:])
-    table = np.zeros((b, max_pages), dtype=np.int32)
-    for i, (_, _, pages, _) in enumerate(chunks):
-        table[i, :len(pages)] = pages
-    row = np.repeat(np.arange(b), lens)
-    positions = np.arange(t, dtype=np.int64) - np.repeat(qsl[:-1] - starts, lens)
-    slots = table[row, positions // page_size].astype(np.int64) * page_size + positions % page_size
-    logits_rows = qsl[1:][wants] - 1
-    if all_logits is not None and any(all_logits):
-        logits_rows = np.concatenate([np.arange(qsl[i], qsl[i + 1]) if all_logits[i] else qsl[i + 1:i + 2] - 1
-                                      for i in range(b) if all_logits[i] or wants[i]]).astype(np.int64)
-    ctx = starts + lens
-
+    host = chunk_arrays(chunks, page_size, all_logits=all_logits)
+    b, lens, ctx, (_, max_pages) = len(chunks), host.lens, host.context_lens, host.page_table.shape
     wide = _Packer(np.int64)        # ids, positions, logits rows
-    ids_at = wide.add(np.fromiter(itertools.chain.from_iterable(tok for tok, _, _, _ in chunks), dtype=np.int64, count=t))
-    pos_at, logits_at = wide.add(positions), wide.add(logits_rows)
+    ids_at, pos_at, logits_at = wide.add(host.input_ids), wide.add(host.positions), wide.add(host.logits_rows)
     narrow = _Packer(np.int32)      # slots, query_start_loc, context_lens, page table
-    slots_at, qsl_at, ctx_at, table_at = narrow.add(slots), narrow.add(qsl), narrow.add(ctx), narrow.add(table.ravel())
-    w, n = wide.upload(device), narrow.upload(device)
+    slots_at, qsl_at = narrow.add(host.slots), narrow.add(host.query_start_loc)
+    ctx_at, table_at = narrow.add(ctx), narrow.add(host.page_table.ravel())
     decode_only = bool((lens == 1).all()) and not prompt_prefill
+    tiles_at = None
+    if prefill_tile_tokens is not None and not decode_only:
+        from kvshare_kernels.prefill_tiles import plan_tiles
+
+        tiles_at = narrow.add(plan_tiles(lens, ctx, prefill_tile_tokens).ravel())
+    w, n = wide.upload(device), narrow.upload(device)
     max_context = int(ctx.max()) if b else 0
     if decode_only and decode_max_context is not None:
         max_context = max(max_context, decode_max_context)
@@ -92,10 +83,55 @@ def build_forward_batch(chunks: list[tuple[Sequence[int], int, Sequence[int], bo
         logits_indices=w[logits_at], decode_only=decode_only,
         max_query_len=int(lens.max()) if b else 0, max_context=max_context,
         cascade=cascade if decode_only else None,
+        prefill_tiles=None if tiles_at is None else n[tiles_at].view(-1, 2),
     )
 
 
 _PAGE_TABLE_ALIGN = 16
+
+
+@dataclass(frozen=True)
+class ChunkArrays:
+    """A step's chunks as host arrays, the fields of a ForwardBatch before upload."""
+    lens: np.ndarray               # int64 [B] tokens per chunk
+    input_ids: np.ndarray          # int64 [T]
+    positions: np.ndarray          # int64 [T]
+    slots: np.ndarray              # int64 [T]
+    query_start_loc: np.ndarray    # int64 [B+1]
+    context_lens: np.ndarray       # int64 [B]
+    page_table: np.ndarray         # int32 [B, width]
+    logits_rows: np.ndarray        # int64 [S]
+
+
+def chunk_arrays(chunks: list[tuple[Sequence[int], int, Sequence[int], bool]], page_size: int, *,
+                 all_logits: Sequence[bool] | None = None, table_width: int | None = None) -> ChunkArrays:
+    """build_forward_batch's chunks as host arrays; the page table is table_width wide (default:
+    the longest table rounded up to _PAGE_TABLE_ALIGN)."""
+    b = len(chunks)
+    lens = np.fromiter((len(t) for t, _, _, _ in chunks), dtype=np.int64, count=b)
+    starts = np.fromiter((s for _, s, _, _ in chunks), dtype=np.int64, count=b)
+    wants = np.fromiter((w for _, _, _, w in chunks), dtype=bool, count=b)
+    t = int(lens.sum())
+    if table_width is None:
+        # The page table's row stride is a kernel argument, and Triton compiles one variant per class
+        # of it (== 1, divisible by 16, other): rounding the width up to 16 keeps every step in one
+        # class, so a new context length never triggers a compile mid-serving (unread columns cost nothing).
+        longest = max((len(pt) for _, _, pt, _ in chunks), default=1)
+        table_width = _PAGE_TABLE_ALIGN * max(1, -(-longest // _PAGE_TABLE_ALIGN))
+    qsl = np.zeros(b + 1, dtype=np.int64)
+    np.cumsum(lens, out=qsl[1:])
+    table = np.zeros((b, table_width), dtype=np.int32)
+    for i, (_, _, pages, _) in enumerate(chunks):
+        table[i, :len(pages)] = pages
+    row = np.repeat(np.arange(b), lens)
+    positions = np.arange(t, dtype=np.int64) - np.repeat(qsl[:-1] - starts, lens)
+    slots = table[row, positions // page_size].astype(np.int64) * page_size + positions % page_size
+    logits_rows = qsl[1:][wants] - 1
+    if all_logits is not None and any(all_logits):
+        logits_rows = np.concatenate([np.arange(qsl[i], qsl[i + 1]) if all_logits[i] else qsl[i + 1:i + 2] - 1
+                                      for i in range(b) if all_logits[i] or wants[i]]).astype(np.int64)
+    ids = np.fromiter(itertools.chain.from_iterable(tok for tok, _, _, _ in chunks), dtype=np.int64, count=t)
+    return ChunkArrays(lens, ids, positions, slots, qsl, starts + lens, table, logits_rows)
 
 
 class _Packer:

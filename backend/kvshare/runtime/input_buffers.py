@@ -15,6 +15,16 @@ resolved), so the staging copy that step N-1 used is free again.
 
 CascadePlanBuffers does the same for the cascade decode graphs: per captured batch size, one
 CascadePlan whose buffer lives on the device, padded to the batch and to max_groups(batch) groups.
+
+MixedInputBuffers holds the mixed-step graphs' inputs (prefill chunks beside decode rows) the same
+way, for up to T tokens in up to B chunks, each field starting 16-element aligned:
+
+    | input_ids [T] | positions [T] | slots [T] | query_start_loc [B+1] | context_lens [B] |
+    | logits_indices [B] | prefill tiles [N, 2] | page_table [B, P] |      N = tile_capacity(T, B)
+
+A graph captured at t tokens reads the first t of the token fields, min(t, B) logits rows and
+tile_capacity(t, B) tiles, and all B chunk rows: chunks past the live ones have no tokens, no
+tile and context 0, so only the live rows of the page table are copied.
 """
 from __future__ import annotations
 
@@ -23,7 +33,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .forward_batch import ForwardBatch
+from .forward_batch import ForwardBatch, chunk_arrays
 
 
 class DecodeInputBuffers:
@@ -165,3 +175,88 @@ class CascadePlanBuffers:
                 expected[mine.long()] = group_len[g]
             assert torch.equal(row_len, expected), batch
 
+
+
+class MixedInputBuffers:
+    _ALIGN = 16
+
+    def __init__(self, max_tokens: int, max_chunks: int, pages_per_seq: int, page_size: int, per_tile: int,
+                 device: torch.device):
+        from kvshare_kernels.prefill_tiles import tile_capacity
+
+        self.max_tokens, self.max_chunks, self.pages_per_seq, self.page_size = max_tokens, max_chunks, pages_per_seq, page_size
+        self.per_tile, self._tile_capacity = per_tile, tile_capacity
+        t, b = max_tokens, max_chunks
+        self._at: dict[str, int] = {}
+        size = 0
+        for name, n in (("ids", t), ("positions", t), ("slots", t), ("qsl", b + 1), ("ctx", b), ("logits", b),
+                        ("tiles", 2 * tile_capacity(t, b, per_tile)), ("table", b * pages_per_seq)):
+            self._at[name] = size
+            size += -(-n // self._ALIGN) * self._ALIGN
+        pin = device.type == "cuda"
+        self._hosts = [torch.zeros(size, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        self._turn = 0
+        self.dev = torch.zeros(size, dtype=torch.int32, device=device)
+        self.device = device
+
+    def tiles_for(self, tokens: int) -> int:
+        """Work-list entries a graph of ``tokens`` tokens launches (per KV head)."""
+        return self._tile_capacity(tokens, self.max_chunks, self.per_tile)
+
+    def fits(self, chunks: Sequence[tuple[Sequence[int], int, Sequence[int], bool]]) -> bool:
+        return (0 < len(chunks) <= self.max_chunks and sum(len(c[0]) for c in chunks) <= self.max_tokens
+                and all(len(c[2]) <= self.pages_per_seq for c in chunks))
+
+    def fill(self, chunks: Sequence[tuple[Sequence[int], int, Sequence[int], bool]], tokens: int) -> None:
+        """chunks as build_forward_batch takes them (ids may be future refs < 0), padded to ``tokens``
+        tokens; one H2D copy of every field and the live page-table rows. No chunks: every row padding
+        (what a graph is captured with)."""
+        from kvshare_kernels.prefill_tiles import plan_tiles
+
+        n, t = len(chunks), sum(len(c[0]) for c in chunks)
+        if not ((n == 0 or self.fits(chunks)) and t <= tokens <= self.max_tokens):
+            raise ValueError(f"a step of {n} chunks / {t} tokens does not fit a mixed graph of {tokens} tokens "
+                             f"({self.max_chunks} chunks, {self.pages_per_seq} pages each)")
+        host = chunk_arrays(list(chunks), self.page_size, table_width=self.pages_per_seq)
+        staging = self._hosts[self._turn]
+        self._turn ^= 1
+        h, at, b = staging.numpy(), self._at, self.max_chunks
+        for name, values in (("ids", host.input_ids), ("positions", host.positions), ("slots", host.slots)):
+            h[at[name]:at[name] + t] = values
+        h[at["ids"] + t:at["ids"] + tokens] = 0                # padding rows: token 0 at position 0,
+        h[at["positions"] + t:at["positions"] + tokens] = 0
+        h[at["slots"] + t:at["slots"] + tokens] = -1            # no KV written, in no chunk
+        h[at["qsl"]:at["qsl"] + n + 1] = host.query_start_loc
+        h[at["qsl"] + n + 1:at["qsl"] + b + 1] = t
+        h[at["ctx"]:at["ctx"] + n] = host.context_lens
+        h[at["ctx"] + n:at["ctx"] + b] = 0
+        s = len(host.logits_rows)
+        h[at["logits"]:at["logits"] + s] = host.logits_rows
+        h[at["logits"] + s:at["logits"] + b] = 0
+        cap = self.tiles_for(tokens)
+        plan_tiles(host.lens, host.context_lens, self.per_tile, cap,
+                   out=h[at["tiles"]:at["tiles"] + 2 * cap].reshape(cap, 2))
+        h[at["table"]:at["table"] + n * self.pages_per_seq] = host.page_table.ravel()
+        end = at["table"] + n * self.pages_per_seq
+        self.dev[:end].copy_(staging[:end], non_blocking=True)
+
+    def forward_batch(self, tokens: int, max_context: int) -> ForwardBatch:
+        """Views a graph of ``tokens`` tokens captures (a mixed step: the prefill attention, with tiles)."""
+        at, b, d = self._at, self.max_chunks, self.dev
+        cap = self.tiles_for(tokens)
+        return ForwardBatch(
+            input_ids=d[at["ids"]:at["ids"] + tokens], positions=d[at["positions"]:at["positions"] + tokens],
+            slot_mapping=d[at["slots"]:at["slots"] + tokens],
+            page_table=d[at["table"]:at["table"] + b * self.pages_per_seq].view(b, self.pages_per_seq),
+            query_start_loc=d[at["qsl"]:at["qsl"] + b + 1], context_lens=d[at["ctx"]:at["ctx"] + b],
+            logits_indices=d[at["logits"]:at["logits"] + min(tokens, b)], decode_only=False,
+            max_query_len=tokens, max_context=max_context,
+            prefill_tiles=d[at["tiles"]:at["tiles"] + 2 * cap].view(cap, 2))
+
+    def live_view(self) -> dict[str, np.ndarray]:
+        """The staging fields the last fill wrote (tests)."""
+        h, at = self._hosts[self._turn ^ 1].numpy(), self._at
+        t, b = self.max_tokens, self.max_chunks
+        sizes = {"ids": t, "positions": t, "slots": t, "qsl": b + 1, "ctx": b, "logits": b,
+                 "tiles": 2 * self.tiles_for(t), "table": b * self.pages_per_seq}
+        return {name: h[at[name]:at[name] + n] for name, n in sizes.items()}

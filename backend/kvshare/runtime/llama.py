@@ -133,4 +133,4 @@ class LlamaModel:
             return self.ops.paged_decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, self.scale,
                                                    max_context=b.max_context, **scales)
         return self._prefill_attention(q, k_cache, v_cache, b.page_table, b.query_start_loc, b.context_lens,
-                                      self.scale, max_query_len=b.max_query_len, **scales)
+                                      self.scale, max_query_len=b.max_query_len, tiles=b.prefill_tiles, **scales)

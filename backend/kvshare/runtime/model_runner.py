@@ -1,7 +1,9 @@
 """Runs one engine step on the model: page copies, the forward over the paged cache, sampling.
 
-Decode-only steps replay a CUDA graph when one is captured (CudaGraphRunner); prefill and mixed
-steps, and every step on the CPU, run the forward eagerly from a ForwardBatch built on the host.
+Decode-only steps replay a CUDA graph when one is captured (CudaGraphRunner), steps with a prefill
+chunk one of the mixed-step graphs up to their largest token count (MixedGraphRunner); longer
+steps, steps that return every prompt token's logits, and every step on the CPU run the forward
+eagerly from a ForwardBatch built on the host.
 A decode step whose rows share enough prefix pages (cascade_planner) runs with cascade attention
 (the shared pages are read once per group): in the batch's cascade graph when there is one, else
 eagerly.
@@ -18,6 +20,7 @@ from .cuda_graph_runner import CudaGraphRunner, resolve_future_ids
 from .forward_batch import build_forward_batch, to_device
 from .kv_cache import KVCache
 from .llama import LlamaModel
+from .mixed_graph_runner import MixedGraphRunner
 from .page_transfer import PageTransfer
 from .sampler import Sampler, SamplingRow, TokenDetail
 
@@ -54,13 +57,13 @@ class ChunkInput:
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, sampler: Sampler, device: torch.device, *,
                  max_model_len: int | None = None, graph_batch_sizes: Sequence[int] = (),
-                 cascade: CascadePolicy | None = None, max_rows: int = 256, overlap: bool = False,
+                 mixed_graph_tokens: Sequence[int] = (), cascade: CascadePolicy | None = None, max_rows: int = 256, overlap: bool = False,
                  mirror: Callable[[str, object], None] | None = None):
         self.model, self.kv, self.sampler, self.device = model, kv, sampler, device
         # Tensor parallelism, rank 0: every page move and forward batch goes to the other ranks first
         # (runtime/tensor_parallel.StepMirror), so they run the same collectives in the same order.
         # CUDA graphs would replay without telling them: not with a mirror (yet).
-        if mirror is not None and (graph_batch_sizes or overlap):
+        if mirror is not None and (graph_batch_sizes or mixed_graph_tokens or overlap):
             raise ValueError("tensor parallelism runs without CUDA graphs and overlap scheduling (for now)")
         self.mirror = mirror
         # Overlap scheduling: the last launched step's ids stay here on the device, where the next
@@ -72,7 +75,7 @@ class ModelRunner:
         self._events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
         self._slot = 0
         self.transfer = PageTransfer(kv, device)   # host tier moves on their own stream (CUDA)
-        self.last_path = "none"       # graph | cascade-graph | cascade | eager (step profiles)
+        self.last_path = "none"       # graph | cascade-graph | mixed-graph | cascade | eager (step profiles)
         self.cascade = cascade        # None: every decode reads each row's pages itself
         self._kv_bytes_per_token = kv.bytes_per_token     # 8-bit pages: about half (scales included)
         # Decode steps size the kernel's split-K from this bound (graphs must fix it at capture); eager
@@ -85,6 +88,17 @@ class ModelRunner:
                 cascade_min_batch=cascade.min_batch if cascade is not None else None,
                 cascade_members=cascade.max_members if cascade is not None else 16)
             self.graphs.capture()
+        # CUDA: every step with a prefill chunk hands the prefill kernel a work list (forward_batch.py)
+        self._prefill_tile_tokens = None
+        if device.type == "cuda":
+            from kvshare_kernels.prefill_tiles import tokens_per_tile
+
+            self._prefill_tile_tokens = tokens_per_tile(model.config.num_heads, model.config.num_kv_heads)
+        self.mixed_graphs: MixedGraphRunner | None = None
+        if device.type == "cuda" and mixed_graph_tokens:
+            self.mixed_graphs = MixedGraphRunner(model, kv, mixed_graph_tokens, max_rows, self.decode_context, device,
+                                                 future_ids=self.last_ids if overlap else None)
+            self.mixed_graphs.capture()
 
     def transfer_pages(self, spills: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]]) -> None:
         """The host tier's moves, before the step's copies and forward: spills (GPU page -> host slot)
@@ -196,6 +210,12 @@ class ModelRunner:
         if plan is None and fits:
             self.last_path = "graph"
             return self.graphs.run([(c.token_ids[0], c.start, c.page_table) for c in chunks])
+        rows = [(c.token_ids, c.start, c.page_table, c.sampling is not None) for c in chunks]
+        if plan is None and not all_logits and self.mixed_graphs is not None and any(len(c.token_ids) > 1 for c in chunks):
+            tokens = self.mixed_graphs.size_for(rows)
+            if tokens is not None:
+                self.last_path = "mixed-graph"
+                return self.mixed_graphs.run(rows, tokens, num_sampling), None
         self.last_path = "eager" if plan is None else "cascade"
         if plan is not None:
             plan = plan.to(self.device) if self.device.type != "cuda" else plan.pin_memory().to(self.device, non_blocking=True)
@@ -205,9 +225,9 @@ class ModelRunner:
         # CUDA keeps its decode kernel (and graphs) for steps of single tokens.
         prompt_prefill = self.device.type == "cpu" and any(c.prompt for c in chunks)
         batch = build_forward_batch(
-            [(c.token_ids, c.start, c.page_table, c.sampling is not None) for c in chunks],
-            self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan,
-            all_logits=[c.all_logits for c in chunks] if all_logits else None, prompt_prefill=prompt_prefill)
+            rows, self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan,
+            all_logits=[c.all_logits for c in chunks] if all_logits else None, prompt_prefill=prompt_prefill,
+            prefill_tile_tokens=self._prefill_tile_tokens)
         if any(len(c.token_ids) == 1 and c.token_ids[0] < 0 for c in chunks):
             batch = replace(batch, input_ids=resolve_future_ids(batch.input_ids, self.last_ids))
         if self.mirror is not None:

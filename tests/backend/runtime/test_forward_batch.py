@@ -59,3 +59,17 @@ def test_fields_equal_the_per_token_reference(chunks):
     for field in (b.input_ids, b.positions, b.slot_mapping, b.page_table, b.query_start_loc, b.context_lens):
         # each field starts 64-byte aligned within its block (device blocks themselves are 256-aligned)
         assert field.is_contiguous() and field.storage_offset() * field.element_size() % 64 == 0
+
+
+def test_steps_with_a_prefill_chunk_carry_the_prefill_work_list():
+    """On CUDA every step with a prefill chunk hands the kernel its work list (the mixed graphs' variant)."""
+    from kvshare_kernels.prefill_tiles import IDLE
+
+    chunks = [([5, 6, 7, 8, 9], 0, [2, 3], True), ([4], 9, [1, 0, 6], True)]
+    b = build_forward_batch(chunks, 4, torch.device("cpu"), prefill_tile_tokens=4)
+    assert sorted(map(tuple, b.prefill_tiles.tolist())) == [(0, 0), (0, 1), (1, 0)]
+    assert (b.prefill_tiles[:, 0] != IDLE).all()
+    assert b.prefill_tiles.tolist()[0] == [1, 0]                # the decode row sees the most keys (10)
+    decode = build_forward_batch([([4], 9, [1, 0, 6], True)], 4, torch.device("cpu"), prefill_tile_tokens=4)
+    assert decode.decode_only and decode.prefill_tiles is None
+    assert build_forward_batch(chunks, 4, torch.device("cpu")).prefill_tiles is None

@@ -1,0 +1,58 @@
+"""On a GPU: mixed-step CUDA graphs (prefill chunks beside decode rows) give the eager steps' greedy
+tokens, with overlap scheduling and without (tiny model, fp32)."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from kvshare.engine.engine import LLMEngine
+from kvshare.engine.engine_config import EngineConfig
+from kvshare.sampling_params import SamplingParams
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _generate(mixed_tokens: int, overlap: bool) -> tuple[list[list[int]], Counter]:
+    e = LLMEngine(EngineConfig(model="dummy:tiny-llama", device="cuda", num_pages=256, page_size=4, max_running=8,
+                               max_step_tokens=96, max_prefill_chunk=24, mixed_graph_max_tokens=mixed_tokens,
+                               overlap_schedule=overlap))
+    assert (e.runner.mixed_graphs is not None) == (mixed_tokens > 0)
+    g = torch.Generator().manual_seed(7)
+    # prompts arrive while others decode, so most steps mix a prefill chunk with decode rows; the
+    # longest prompt needs several chunks (a chunk after a prefix of its own)
+    arrivals = {0: [5, 30], 3: [61, 9], 6: [17], 9: [44, 2, 26]}
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    out: dict[str, list[int]] = {}
+    paths: Counter = Counter()
+    step, n = 0, 0
+    while e.has_work or step <= max(arrivals):
+        for length in arrivals.get(step, ()):
+            e.add_request(str(n), torch.randint(3, 250, (length,), generator=g).tolist(), params)
+            n += 1
+        for o in e.step():
+            out.setdefault(o.request_id, []).extend(o.token_ids)
+        paths[e.runner.last_path] += 1
+        step += 1
+    assert e.stats().pool.active == 0
+    return [out[str(i)] for i in range(n)], paths
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_mixed_graphs_equal_eager_mixed_steps(overlap):
+    graphed, paths = _generate(96, overlap)
+    eager, eager_paths = _generate(0, overlap)
+    assert paths["mixed-graph"] >= 4 and eager_paths["mixed-graph"] == 0
+    assert graphed == eager
+
+
+def test_a_step_longer_than_the_largest_graph_runs_eagerly():
+    e = LLMEngine(EngineConfig(model="dummy:tiny-llama", device="cuda", num_pages=256, page_size=4, max_running=8,
+                               max_step_tokens=96, max_prefill_chunk=96, mixed_graph_max_tokens=64))
+    assert e.runner.mixed_graphs.sizes[-1] == 64
+    e.add_request("long", list(range(3, 83)), SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    e.step()
+    assert e.runner.last_path == "eager"
+    while e.has_work:
+        e.step()
