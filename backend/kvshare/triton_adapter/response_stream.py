@@ -107,7 +107,18 @@ def serve_to_the_end(pb, name: str, request, serve: Callable[[object, FinalTrack
                 sender.send(error_response(pb, f"{name}: the request ended without its final response "
                                                "(internal error, see the server log)", "INTERNAL"), flags=final)
             except Exception:
-                log.exception("%s: the backstop final response could not be sent", name)
+                log.exception("%s: the backstop final response could not be sent; closing the request without one",
+                              name)
+                close_without_response(sender, final, request_id, log)
+
+
+def close_without_response(sender, final_flag: int, request_id: str, log) -> None:
+    """A final that did not go out would keep its response factory, and Triton finalizes the model
+    (an unload, a shutdown) only once every factory is released: a final without a response."""
+    try:
+        sender.send(flags=final_flag)
+    except Exception:
+        log.warning("could not close request %s either", request_id, exc_info=True)
 
 
 def overloaded_response(pb, in_flight: int, limit: int):
@@ -393,9 +404,4 @@ class ResponsePump:
             self._close_bare(stream, request_id)
 
     def _close_bare(self, stream: ClientStream, request_id: str) -> None:
-        """A final that did not go out would keep its response factory, and Triton finalizes the
-        model (an unload, a shutdown) only once every factory is released: a final without a response."""
-        try:
-            stream.sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception:
-            log.warning("could not close request %s either", request_id, exc_info=True)
+        close_without_response(stream.sender, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL, request_id, log)

@@ -24,7 +24,7 @@ PAGE = 4
 
 def test_ladder_is_capped_by_the_bound_and_the_step_budget():
     assert mixed_graph_sizes(1024, 4096) == tuple(t for t in DEFAULT_TOKEN_LADDER if t <= 1024)
-    assert mixed_graph_sizes(1024, 300) == (64, 128, 192, 256, 300)
+    assert mixed_graph_sizes(1024, 300) == (*range(16, 257, 16), 288, 300)
     assert mixed_graph_sizes(0, 4096) == ()
 
 

@@ -127,3 +127,34 @@ def test_without_the_switch_nothing_is_injected():
     finally:
         r.pump.close()
     assert len(a.sent) == 1 and a.sent[0].error is None and r.abandoned == []
+
+
+def test_serve_to_the_end_closes_a_request_whose_backstop_error_cannot_go_out(caplog):
+    """serve() failed before any final, and the stub refuses the INTERNAL error final too: the
+    request still gets a bare final, so its response factory is released."""
+    import logging
+
+    from kvshare.triton_adapter.response_stream import serve_to_the_end
+
+    class RefusesResponses(FakeSender):
+        def send(self, response=None, flags=0):
+            if response is not None:
+                raise RuntimeError("the stub refused")
+            super().send(response, flags)
+
+    sender = RefusesResponses()
+
+    class Request:
+        def get_response_sender(self):
+            return sender
+
+        def request_id(self):
+            return "r1"
+
+    def serve(request, tracked):
+        raise ValueError("a bug before the first response")
+
+    caplog.set_level("INFO", logger="kvshare.triton")
+    serve_to_the_end(FakePb, "llm_engine", Request(), serve, logging.getLogger("kvshare.triton"))
+    assert len(sender.sent) == 1 and sender.sent[0].final and sender.sent[0].bare
+    assert any("backstop final response could not be sent" in m for m in caplog.messages)
