@@ -8,10 +8,11 @@ and layer). With a list the grid is its length x KV heads, and a graph captured 
 B requests needs no more than ``tile_capacity(T, B)`` entries: a request of n tokens takes
 ceil(n / tokens_per_tile) blocks, at most n / tokens_per_tile + 1.
 
-The list is built on the host from the lengths the scheduler chose (numpy, no device sync), blocks
-that see the most keys first, so the longest programs start in the first wave and the short ones
-(decode rows, a prompt's first blocks) fill in behind them. Idle entries (-1, 0) pad it to the
-graph's capacity. The order changes when programs run, never what any program computes.
+The list is built on the host from the lengths the scheduler chose (numpy, no device sync), in
+the grid's own order (request by request, blocks in order), and idle entries (-1, 0) pad it to the
+graph's capacity. The order changes when programs run, never what any program computes. Longest
+first (``longest_first``, the textbook schedule for a makespan) ran 3-5% slower than the grid on the
+H200's prefill shapes (perf/results/peer-serving/2026-12-02/kernels.md), so it is not the default.
 """
 from __future__ import annotations
 
@@ -41,10 +42,11 @@ def tile_capacity(num_tokens: int, num_requests: int, per_tile: int) -> int:
 
 
 def plan_tiles(query_lens: np.ndarray, context_lens: np.ndarray, per_tile: int, capacity: int | None = None,
-               out: np.ndarray | None = None) -> np.ndarray:
-    """int32 [capacity, 2]: (request, query block) per program, the blocks that see the most keys
-    first; entries past the last block are (IDLE, 0). query_lens / context_lens per request (a
-    request of 0 query tokens has no block). ``out``: an int32 [capacity, 2] array to fill instead."""
+               out: np.ndarray | None = None, longest_first: bool = False) -> np.ndarray:
+    """int32 [capacity, 2]: (request, query block) per program, request by request (longest_first:
+    the blocks that see the most keys first); entries past the last block are (IDLE, 0).
+    query_lens / context_lens per request (a request of 0 query tokens has no block). ``out``: an
+    int32 [capacity, 2] array to fill instead."""
     q = np.asarray(query_lens, dtype=np.int64)
     ctx = np.asarray(context_lens, dtype=np.int64)
     if q.shape != ctx.shape or (q < 0).any() or (q > ctx).any():
@@ -56,15 +58,17 @@ def plan_tiles(query_lens: np.ndarray, context_lens: np.ndarray, per_tile: int, 
         raise ValueError(f"plan_tiles: {total} query blocks do not fit a list of {capacity}")
     req = np.repeat(np.arange(len(q)), blocks)
     block = np.arange(total) - np.repeat(np.cumsum(blocks) - blocks, blocks)
-    # keys the block's last token sees: the request's prefix plus the chunk up to that token
-    keys = (ctx - q)[req] + np.minimum((block + 1) * per_tile, q[req])
-    order = np.argsort(-keys, kind="stable")
+    if longest_first:
+        # keys the block's last token sees: the request's prefix plus the chunk up to that token
+        keys = (ctx - q)[req] + np.minimum((block + 1) * per_tile, q[req])
+        order = np.argsort(-keys, kind="stable")
+        req, block = req[order], block[order]
     if out is None:
         out = np.empty((capacity, 2), dtype=np.int32)
     elif out.shape != (capacity, 2) or out.dtype != np.int32:
         raise ValueError(f"plan_tiles: out must be int32 [{capacity}, 2], got {out.dtype} {out.shape}")
-    out[:total, 0] = req[order]
-    out[:total, 1] = block[order]
+    out[:total, 0] = req
+    out[:total, 1] = block
     out[total:, 0] = IDLE
     out[total:, 1] = 0
     return out

@@ -126,11 +126,13 @@ def dump_json(path: str | None, obj) -> None:
             json.dump(obj, f, indent=1)
 
 
-def prefill_tiles(hq: int, hkv: int, b: int, q_len: int, ctx: int, dev, block_m: int | None = None):
+def prefill_tiles(hq: int, hkv: int, b: int, q_len: int, ctx: int, dev, block_m: int | None = None,
+                  longest_first: bool = False):
     """The prefill kernel's work list for b requests of q_len new tokens after ctx - q_len cached
     ones, as the engine builds it (runtime/forward_batch.py): benchmarks time the launch it runs."""
     import numpy as np
     from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
 
-    tiles = plan_tiles(np.full(b, q_len), np.full(b, ctx), tokens_per_tile(hq, hkv, block_m))
+    tiles = plan_tiles(np.full(b, q_len), np.full(b, ctx), tokens_per_tile(hq, hkv, block_m),
+                       longest_first=longest_first)
     return torch.from_numpy(tiles).to(dev)

@@ -100,9 +100,12 @@ def prefill_case(flash, hq, hkv, name, b, prefix, q_len):
                                                        tiles=tiles)
     run_grid = lambda: kernels.paged_prefill_attention(q, k, v, pt, qsl, lens, D ** -0.5, ours,  # noqa: E731
                                                        max_query_len=q_len)
+    longest = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, longest_first=True)
+    run_longest = lambda: kernels.paged_prefill_attention(q, k, v, pt, qsl, lens, D ** -0.5, ours,  # noqa: E731
+                                                          tiles=longest)
     rec = dict(kind="prefill", case=name, hq=hq, hkv=hkv, batch=b, prefix=prefix, q_len=q_len,
                flops=4 * hq * D * b * (q_len * prefix + q_len * (q_len + 1) / 2), kvshare_s=bc.bench(run_ours),
-               kvshare_grid_s=bc.bench(run_grid))
+               kvshare_grid_s=bc.bench(run_grid), kvshare_longest_first_s=bc.bench(run_longest))
     if flash is not None:
         run_theirs = lambda: flash(q, k, v, q_len, qsl, ctx, seqused_k=lens, softmax_scale=D ** -0.5,  # noqa: E731
                                    causal=True, block_table=pt, out=theirs, fa_version=3)
