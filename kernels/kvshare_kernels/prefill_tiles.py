@@ -11,8 +11,10 @@ ceil(n / tokens_per_tile) blocks, at most n / tokens_per_tile + 1.
 The list is built on the host from the lengths the scheduler chose (numpy, no device sync), in
 the grid's own order (request by request, blocks in order), and idle entries (-1, 0) pad it to the
 graph's capacity. The order changes when programs run, never what any program computes. Longest
-first (``longest_first``, the textbook schedule for a makespan) ran 3-5% slower than the grid on the
-H200's prefill shapes (perf/results/peer-serving/2026-12-02/kernels.md), so it is not the default.
+first (``longest_first``, the textbook schedule for a makespan) was not faster on the H200's
+prefill shapes: 3-5% behind the grid launch on the 32/32 rows in one lease, within -8..+5% of it
+per shape in another (perf/results/peer-serving/2026-12-02/kernels*.md), so the list keeps the
+grid's order.
 """
 from __future__ import annotations
 

@@ -243,7 +243,7 @@ SUITES: tuple[Suite, ...] = (
            # graphs, steps that mix prefill chunks with decodes in their graphs or eagerly), offline,
            # 64 in flight, mixed-step graphs on and off
            offline("mixed", 200, "--workloads", "mixed:200:", "--baselines", "", "--max-running", "64",
-                   "--max-model-len", "4096", "--step-profile", "--mixed-graphs", "1024,0")),
+                   "--max-model-len", "4096", "--step-profile", "--mixed-graphs", "1024,0,1024,0")),
           minutes=5),
     Suite("tier",
           "the KV tiers: shared-prefix (512 requests, all 64 system prompts, delay 8) in a 20 GB pool too small "
