@@ -56,6 +56,21 @@ def resolve_future_ids(input_ids: torch.Tensor, future_ids: torch.Tensor) -> tor
     return torch.where(input_ids < 0, future_ids.index_select(0, rows.long()), input_ids.long())
 
 
+def warm_and_capture(forward, pool, stream: torch.cuda.Stream):
+    """(graph, forward()'s output captured in it): forward runs once outside the graph first, on
+    ``stream`` (Triton compiles the shape's kernels, cuBLAS picks its algorithms), then is captured
+    into ``pool``."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        forward()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = forward()
+    return graph, out
+
+
 def pick_batch_size(sizes: Sequence[int], n: int) -> int | None:
     """The smallest captured batch that holds n rows, or None (run eagerly)."""
     i = bisect.bisect_left(sizes, n)
@@ -110,17 +125,9 @@ class CudaGraphRunner:
                  ",".join(map(str, cascade_sizes)) or "none", self.max_context, self.capture_seconds)
 
     def _capture_one(self, bs: int, cascade: bool, pool, stream: torch.cuda.Stream):
-        # Warm up outside the graph (Triton compiles this shape's kernels; cuBLAS picks its algorithms).
         # The buffers hold padding rows only: slot -1 writes no KV, context 0 reads none; a cascade
         # plan holds empty groups only.
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._forward(bs, cascade)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            logits, ids = self._forward(bs, cascade)
+        graph, (logits, ids) = warm_and_capture(lambda: self._forward(bs, cascade), pool, stream)
         return graph, logits, ids
 
     def batch_for(self, n: int) -> int | None:

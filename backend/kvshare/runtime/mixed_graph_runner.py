@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from .cuda_graph_runner import resolve_future_ids
+from .cuda_graph_runner import resolve_future_ids, warm_and_capture
 from .input_buffers import MixedInputBuffers
 from .kv_cache import KVCache
 from .llama import LlamaModel
@@ -72,17 +72,9 @@ class MixedGraphRunner:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         for tokens in reversed(self.sizes):
-            # Warm up outside the graph (cuBLAS picks this shape's algorithms), then capture; every
-            # row is padding: no KV written or read, no tile.
+            # Every row is padding: no KV written or read, no tile.
             self.buffers.fill([], tokens)
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self._forward(tokens)
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = self._forward(tokens)
+            graph, logits = warm_and_capture(lambda: self._forward(tokens), pool, stream)
             self._graphs[tokens] = (graph, logits)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
