@@ -83,7 +83,9 @@ def test_a_killed_client_ends_its_request_and_its_pages_return(server, model, to
 def test_through_the_ensemble_a_killed_client_s_request_runs_to_max_tokens_then_frees_its_pages(server):
     n = 24
     before = pool_gauges(server.metrics_url)
-    generated = _generation_tokens(server.metrics_url)
+    # the tests before this one may still be publishing their last tokens (the counter trails the
+    # gauges by the metrics thread's tick): count from a value that held still for a few ticks
+    generated = _settled_generation_tokens(server.metrics_url)
     stream_then_kill(server.grpc_url, "ensemble", max_tokens=n, responses=2)
     wait_for_idle_pool(server.metrics_url, timeout_s=60.0)
     # every one of the n tokens was generated: the cancel never reached the engine. The counters are
@@ -94,6 +96,17 @@ def test_through_the_ensemble_a_killed_client_s_request_runs_to_max_tokens_then_
     assert _generation_tokens(server.metrics_url) - generated == n
     after = pool_gauges(server.metrics_url)
     assert after["kvshare_kv_pages_total"] == before["kvshare_kv_pages_total"]
+
+
+def _settled_generation_tokens(metrics_url: str, ticks: int = 3, tick_s: float = 0.6, timeout_s: float = 30.0) -> float:
+    """kvshare_generation_tokens_total once it read the same for `ticks` reads `tick_s` apart."""
+    deadline = time.monotonic() + timeout_s
+    value, same = _generation_tokens(metrics_url), 0
+    while same < ticks and time.monotonic() < deadline:
+        time.sleep(tick_s)
+        now = _generation_tokens(metrics_url)
+        same, value = (same + 1, value) if now == value else (0, now)
+    return value
 
 
 def _generation_tokens(metrics_url: str) -> float:
