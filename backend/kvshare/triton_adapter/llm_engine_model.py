@@ -166,7 +166,10 @@ class LLMEngineModel:
         self.publishers[index].offer(engine.stats(), ttft, itl)
 
     def execute(self, requests):
-        self._executing = True
+        if not self._executing:
+            self._executing = True
+            if self._readiness is not None:
+                self._readiness.serving_seen()
         for request in requests:
             sender = request.get_response_sender()
             # One pass over the inputs: get_input_tensor_by_name rebuilds the whole input list on each

@@ -78,6 +78,15 @@ class HttpReadiness:
         self._answered = False
         self._unsure = False
 
+    def serving_seen(self) -> None:
+        """The model has taken a request, so the server serves: from now on a refused connection
+        means its HTTP endpoint closed (a shutdown), even if no poll got an answer before. Without
+        this a SIGTERM within the first poll interval after the first request (CI, 2026-12-02: 0.7 s
+        after start-up) left every answer "cannot tell", and the requests ran on past the exit
+        timeout. Triton opens HTTP within a millisecond of gRPC (0.3 ms in that log), before any
+        request can reach a model and a poll follow it."""
+        self._answered = True
+
     def __call__(self) -> bool | None:
         conn = http.client.HTTPConnection(self.endpoint.host, self.endpoint.port, timeout=self.timeout_s)
         try:

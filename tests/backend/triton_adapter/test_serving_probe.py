@@ -83,6 +83,14 @@ def test_answers_200_then_400_then_a_closed_endpoint_mean_yes_no_no():
     assert probe() is False             # Triton 2.51 closes HTTP on SIGTERM
 
 
+def test_once_the_model_served_a_request_a_closed_endpoint_means_no_even_without_an_answer():
+    """SIGTERM before the first poll after the first request: HTTP is already closed."""
+    probe = HttpReadiness(HttpEndpoint("127.0.0.1", _free_port()), "llm_engine")
+    assert probe() is None
+    probe.serving_seen()
+    assert probe() is False
+
+
 def test_a_never_reached_endpoint_or_a_silent_one_cannot_tell():
     assert HttpReadiness(HttpEndpoint("127.0.0.1", _free_port()), "llm_engine")() is None
     with socket.socket() as silent:     # accepts connections (the backlog) but never answers
