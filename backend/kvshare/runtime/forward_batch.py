@@ -25,8 +25,9 @@ class ForwardBatch:
     max_query_len: int
     max_context: int
     cascade: "CascadePlan | None" = None   # decode only: rows sharing prefix pages read them once per group
-    # int32 [N, 2] the prefill kernel's work list (kvshare_kernels.prefill_tiles), set by the mixed-step
-    # CUDA graphs, whose rows past the last chunk's are padding; None: the kernel's own grid
+    # int32 [N, 2] the prefill kernel's work list (kvshare_kernels.prefill_tiles), set on CUDA for steps
+    # with a prefill chunk (eager and in the mixed-step graphs, whose rows past the last chunk's are
+    # padding); None: the kernel's own grid
     prefill_tiles: torch.Tensor | None = None
 
     @property

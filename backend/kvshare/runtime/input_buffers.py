@@ -176,7 +176,6 @@ class CascadePlanBuffers:
             assert torch.equal(row_len, expected), batch
 
 
-
 class MixedInputBuffers:
     _ALIGN = 16
 
@@ -197,7 +196,6 @@ class MixedInputBuffers:
         self._hosts = [torch.zeros(size, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self._turn = 0
         self.dev = torch.zeros(size, dtype=torch.int32, device=device)
-        self.device = device
 
     def tiles_for(self, tokens: int) -> int:
         """Work-list entries a graph of ``tokens`` tokens launches (per KV head)."""
@@ -252,11 +250,3 @@ class MixedInputBuffers:
             logits_indices=d[at["logits"]:at["logits"] + min(tokens, b)], decode_only=False,
             max_query_len=tokens, max_context=max_context,
             prefill_tiles=d[at["tiles"]:at["tiles"] + 2 * cap].view(cap, 2))
-
-    def live_view(self) -> dict[str, np.ndarray]:
-        """The staging fields the last fill wrote (tests)."""
-        h, at = self._hosts[self._turn ^ 1].numpy(), self._at
-        t, b = self.max_tokens, self.max_chunks
-        sizes = {"ids": t, "positions": t, "slots": t, "qsl": b + 1, "ctx": b, "logits": b,
-                 "tiles": 2 * self.tiles_for(t), "table": b * self.pages_per_seq}
-        return {name: h[at[name]:at[name] + n] for name, n in sizes.items()}

@@ -49,14 +49,12 @@ def mixed_graph_sizes(max_tokens: int, max_step_tokens: int, ladder: Sequence[in
 
 class MixedGraphRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, token_sizes: Sequence[int], max_chunks: int, max_context: int,
-                 device: torch.device, future_ids: torch.Tensor | None = None):
-        from kvshare_kernels.prefill_tiles import tokens_per_tile
-
-        c = model.config
+                 per_tile: int, device: torch.device, future_ids: torch.Tensor | None = None):
+        """per_tile: the prefill kernel's query tokens per program (prefill_tiles.tokens_per_tile)."""
         self.model, self.kv, self.max_context, self.future_ids = model, kv, max_context, future_ids
         self.sizes = tuple(sorted(token_sizes))
         self.buffers = MixedInputBuffers(self.sizes[-1], max_chunks, -(-max_context // kv.page_size), kv.page_size,
-                                         tokens_per_tile(c.num_heads, c.num_kv_heads), device)
+                                         per_tile, device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 

@@ -96,7 +96,8 @@ class ModelRunner:
             self._prefill_tile_tokens = tokens_per_tile(model.config.num_heads, model.config.num_kv_heads)
         self.mixed_graphs: MixedGraphRunner | None = None
         if device.type == "cuda" and mixed_graph_tokens:
-            self.mixed_graphs = MixedGraphRunner(model, kv, mixed_graph_tokens, max_rows, self.decode_context, device,
+            self.mixed_graphs = MixedGraphRunner(model, kv, mixed_graph_tokens, max_rows, self.decode_context,
+                                                 self._prefill_tile_tokens, device,
                                                  future_ids=self.last_ids if overlap else None)
             self.mixed_graphs.capture()
 
