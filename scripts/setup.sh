@@ -10,8 +10,9 @@ log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 # libb64-0d: perf_analyzer (tritonclient 2.51). docker-compose: only `docker-compose config` in
 # tests/repo/test_compose_config.py (no engine is installed: without recommends it is 16 small packages).
+# g++: kvshare's CPU block kernel (kernels/kvshare_kernels/cpu/), compiled below against the venv's torch.
 need_debs=()
-for pkg in libb64-0d docker-compose; do
+for pkg in libb64-0d docker-compose g++; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_debs+=("$pkg")
 done
 if [ ${#need_debs[@]} -gt 0 ]; then
@@ -49,4 +50,6 @@ if ! cmp -s "$TS/python_backend_stubs/$PYVER/triton_python_backend_stub" "$TS/ba
   log "installing the Triton python-backend stub for Python $PYVER"
   cp "$TS/python_backend_stubs/$PYVER/triton_python_backend_stub" "$TS/backends/python/"
 fi
+# The CPU kernel that reads a GGUF's quantized blocks (about 15 s once; kept per source and torch).
+.venv/bin/python -m kvshare_kernels.cpu_native >/dev/null 2>&1 || log "the CPU block kernel could not be built: $(.venv/bin/python -m kvshare_kernels.cpu_native 2>&1 | tail -1)"
 log "ready: $(.venv/bin/python -c 'import torch, numpy, transformers; print(f"torch {torch.__version__}, numpy {numpy.__version__}, transformers {transformers.__version__}")')"

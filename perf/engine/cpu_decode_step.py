@@ -6,10 +6,14 @@ Two tables, each timed as interleaved rounds (min over rounds: this 2-core machi
 by tens of percent between minutes):
 
 1. Every GEMM shape of the model at decode and prefill row counts: `F.linear` (what HF runs)
-   against `onednn_linear` (runtime/cpu_linear.py, the engine's).
+   against `onednn_linear` (runtime/cpu_linear.py, fp32 weights) and the block kernel over the
+   GGUF's own blocks (kvshare_kernels.block_linear, the engine's default; Q4_1 random codes, and
+   the lm_head in Q8_0 as SmolLM2's file holds it). The GEMM weights are random and repeated, so
+   a small one stays in cache: the step below is what a model's 538 MB of fp32 weights meets.
 2. One decode step of `--batch` sequences at `--prompt-tokens` of context: LLMEngine.step() with
-   F.linear (KVSHARE_CPU_LINEAR=0) and with oneDNN, against HF's forward of one token per
-   sequence over its KV cache plus the greedy pick, i.e. one step of `generate`.
+   F.linear (KVSHARE_CPU_LINEAR=0), with oneDNN (cpu_weights=fp32) and with the GGUF's blocks
+   (cpu_weights=blocks), against HF's forward of one token per sequence over its KV cache plus the
+   greedy pick, i.e. one step of `generate`.
 3. Where that step goes (torch.profiler, self CPU time of --steps steps per contender, by kind
    of op): the linear layers, the attention's own kernel, gathering the KV pages (index_select)
    and everything else; and the bandwidth the linear layers reach over the weights they read.
@@ -38,6 +42,7 @@ from kvshare.engine.engine import LLMEngine  # noqa: E402
 from kvshare.engine.engine_config import EngineConfig  # noqa: E402
 from kvshare.runtime.cpu_linear import onednn_linear  # noqa: E402
 from kvshare.runtime.weights import LoadedModel, load_model  # noqa: E402
+from kvshare_kernels import block_linear as bl  # noqa: E402
 from kvshare.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -66,21 +71,34 @@ def gemm_table(loaded: LoadedModel, rows: list[int], rounds: int) -> list[dict]:
               "gate_up": (2 * c.intermediate_size, c.hidden_size), "down": (c.hidden_size, c.intermediate_size),
               "lm_head": (c.vocab_size, c.hidden_size)}
     out = []
+    g = torch.Generator().manual_seed(0)
     for name, (n, k) in shapes.items():
-        w = torch.randn(n, k)
+        blocks = None
+        if bl.available() and bl.packable(n, k):
+            d = (torch.rand(n, k // 32, generator=g) * 0.01).half()
+            blocks = bl.pack_q8_0(torch.randint(-128, 128, (n, k), generator=g), d) if name == "lm_head" else \
+                bl.pack_q4_1(torch.randint(0, 16, (n, k), generator=g), d, -d * 8)
+        w = bl.dequantize(blocks) if blocks is not None else torch.randn(n, k)
         for m in rows:
             x = torch.randn(m, k)
             repeat = max(1, int(2e8 // (n * k * 4)))
-            t = _min_time({"F.linear": lambda: F.linear(x, w), "oneDNN": lambda: onednn_linear(x, w)}, rounds, repeat)
-            out.append({"layer": name, "n": n, "k": k, "rows": m, "f_linear_ms": t["F.linear"] * 1e3,
-                        "onednn_ms": t["oneDNN"] * 1e3, "speedup": t["F.linear"] / t["oneDNN"]})
+            fns = {"F.linear": lambda: F.linear(x, w), "oneDNN": lambda: onednn_linear(x, w)}
+            if blocks is not None:
+                fns["blocks"] = lambda: bl.block_linear(x, blocks)
+            t = _min_time(fns, rounds, repeat)
+            row = {"layer": name, "n": n, "k": k, "rows": m, "f_linear_ms": t["F.linear"] * 1e3,
+                   "onednn_ms": t["oneDNN"] * 1e3, "speedup": t["F.linear"] / t["oneDNN"]}
+            if blocks is not None:
+                row |= {"format": blocks.format, "blocks_ms": t["blocks"] * 1e3, "blocks_speedup": t["F.linear"] / t["blocks"]}
+            out.append(row)
+            tail = f"   blocks ({blocks.format}) {t['blocks'] * 1e3:8.3f} ms {row['blocks_speedup']:.2f}x" if blocks else ""
             print(f"  {name:8s} [{n:6d} x {k:5d}] rows {m:4d}: F.linear {t['F.linear'] * 1e3:8.3f} ms   "
-                  f"oneDNN {t['oneDNN'] * 1e3:8.3f} ms   {out[-1]['speedup']:.2f}x", flush=True)
+                  f"oneDNN {t['oneDNN'] * 1e3:8.3f} ms   {row['speedup']:.2f}x{tail}", flush=True)
     return out
 
 
 # op name -> kind; the first pattern contained in the name wins
-OP_KINDS = (("linear", ("_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "aten::matmul")),
+OP_KINDS = (("linear", ("block_linear", "_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "aten::matmul")),
             # bmm: the reference attention's math path (scores and values), not a linear layer
             ("attention", ("scaled_dot_product", "flash_attention", "aten::bmm")),
             ("kv gather", ("aten::index_select", "aten::index_fill_", "aten::cat")))
@@ -113,8 +131,10 @@ class EngineDecode:
     def __init__(self, loaded: LoadedModel, batch: int, prompts: list[list[int]], cpu_linear: bool):
         os.environ["KVSHARE_CPU_LINEAR"] = "1" if cpu_linear else "0"
         try:
+            blocks = isinstance(loaded.weights.lm_head, bl.BlockWeight)
             cfg = EngineConfig(model=loaded.source, device="cpu", dtype="float32", kv_cache_memory_gb=0.25,
-                               max_running=batch, overlap_schedule=False, enable_prefix_caching=False)
+                               max_running=batch, overlap_schedule=False, enable_prefix_caching=False,
+                               cpu_weights="blocks" if blocks else "fp32")
             self.engine = LLMEngine(cfg, loaded=loaded)
         finally:
             os.environ.pop("KVSHARE_CPU_LINEAR", None)
@@ -165,25 +185,32 @@ def main(argv: list[str] | None = None) -> int:
                   "engine, oneDNN": EngineDecode(loaded, args.batch, prompts, cpu_linear=True),
                   "HF forward + argmax": HfDecode(hf_model(loaded, argparse.Namespace(dtype="float32", device="cpu")),
                                                   prompts)}
+    blocks = load_model(args.model, dtype=torch.float32, device="cpu", cpu_blocks=True)
+    if isinstance(blocks.weights.lm_head, bl.BlockWeight):
+        contenders = {"engine, GGUF blocks": EngineDecode(blocks, args.batch, prompts, cpu_linear=True)} | contenders
+    else:
+        print("  (no GGUF blocks here: the model is not a GGUF, or the block kernel does not run)", flush=True)
     step = _min_time(contenders, args.rounds, args.steps)
     hf = step["HF forward + argmax"]
     for name, s in step.items():
         print(f"  {name:22s} {s * 1e3:8.1f} ms/step   {hf / s:.2f}x HF", flush=True)
     weight_gb = sum(t.numel() * t.element_size() for t in _linear_weights(loaded)) / 1e9
+    block_gb = sum(w.nbytes for w in _linear_weights(blocks) if isinstance(w, bl.BlockWeight)) / 1e9
     print(f"3. where a step goes (torch.profiler, self CPU ms per step; {weight_gb * 1e3:.0f} MB of linear "
           f"weights read per step)", flush=True)
     kinds = {name: step_breakdown(fn, args.steps) for name, fn in contenders.items()}
     print(f"  {'':22s} " + " ".join(f"{k:>10s}" for k in next(iter(kinds.values()))) + "   linear GB/s", flush=True)
     for name, row in kinds.items():
+        gb = block_gb if name == "engine, GGUF blocks" else weight_gb
         print(f"  {name:22s} " + " ".join(f"{v:10.1f}" for v in row.values())
-              + f"   {weight_gb / (row['linear'] / 1e3):8.1f}", flush=True)
+              + f"   {gb / (row['linear'] / 1e3):8.1f}", flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "cpu_decode_step.json").write_text(json.dumps(
             {"model": loaded.source, "batch": args.batch, "prompt_tokens": args.prompt_tokens, "rounds": args.rounds,
              "threads": torch.get_num_threads(), "gemms": gemms,
              "decode_step_ms": {k: v * 1e3 for k, v in step.items()},
-             "step_breakdown_ms": kinds, "linear_weight_gb": weight_gb}, indent=1))
+             "step_breakdown_ms": kinds, "linear_weight_gb": weight_gb, "block_weight_gb": block_gb}, indent=1))
     return 0
 
 

@@ -96,7 +96,8 @@ def build_engines(config: EngineConfig, parallel: ParallelConfig, *,
     engines = []
     for device in parallel.engine_devices(config.device, config.tensor_parallel_size):
         if device not in loaded:
-            loaded[device] = load_model(config.model, dtype=_DTYPES[config.dtype], device=device, seed=config.seed)
+            loaded[device] = load_model(config.model, dtype=_DTYPES[config.dtype], device=device, seed=config.seed,
+                                        cpu_blocks=config.cpu_weights == "blocks")
         engines.append(LLMEngine(dataclasses.replace(config, device=device), loaded[device], faults=faults))
     return engines
 

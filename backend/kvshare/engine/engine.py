@@ -78,6 +78,9 @@ class EngineStats:
     page_bytes: int = 0        # one page over all its tensors: tier page counters times this are bytes
 
 
+CPU_WEIGHTS = ("blocks", "fp32")
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, *,
                  faults: FaultInjector | None = None):
@@ -91,7 +94,10 @@ class LLMEngine:
         dtype = _DTYPES[config.dtype]
         kv_dtype = kv_storage_dtype(config.kv_cache_dtype, dtype)     # an unknown name fails before the model loads
         self.device = torch.device(config.device)
-        loaded = loaded or load_model(config.model, dtype=dtype, device=self.device, seed=config.seed)
+        if config.cpu_weights not in CPU_WEIGHTS:
+            raise ValueError(f"cpu_weights must be one of {list(CPU_WEIGHTS)}, got '{config.cpu_weights}'")
+        loaded = loaded or load_model(config.model, dtype=dtype, device=self.device, seed=config.seed,
+                                      cpu_blocks=config.cpu_weights == "blocks")
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.max_model_len = min(config.max_model_len or loaded.config.max_position, loaded.config.max_position)

@@ -16,6 +16,11 @@ class EngineConfig:
     # head): 8-bit pages hold about twice the tokens in the same memory and decode reads half the
     # bytes (docs/kv-quantization.md has the accuracy measured against 16-bit pages).
     kv_cache_dtype: str = "auto"
+    # CPU, float32, a GGUF model: blocks keeps its quantized linear layers in the file's own blocks
+    # (SmolLM2: Q4_1, a Q8_0 lm_head), widened in registers by kvshare's CPU kernel with the very
+    # values transformers loads; a decode step reads 96 MB of weights instead of 538 MB (docs/cpu.md).
+    # fp32 widens them at load, as before. Elsewhere, or where the kernel cannot run, fp32.
+    cpu_weights: str = "blocks"
     # Host tier below the GPU pool (pinned host memory on CUDA): cached prefix pages the pool evicts
     # are copied there and loaded back when a prompt needs them again, instead of being recomputed
     # (docs/tiers.md). 0 = off. Needs prefix caching.

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from kvshare_kernels.block_linear import BlockWeight, block_linear
 
 Linear = Callable[..., torch.Tensor]
 
@@ -39,6 +40,17 @@ def cpu_linear(dtype: torch.dtype) -> Linear:
     """The linear layer for a CPU model in `dtype`: onednn_linear where it applies, else F.linear."""
     available = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     return onednn_linear if available and dtype == torch.float32 else F.linear
+
+
+def with_blocks(dense: Linear) -> Linear:
+    """A linear layer that runs BlockWeight weights through the block kernel and tensors through ``dense``.
+
+    The block kernel's rows are batch-invariant on every CPU it runs on (cpu/block_gemm.cpp)."""
+    def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(weight, BlockWeight):
+            return block_linear(x, weight, bias)
+        return dense(x, weight, bias)
+    return linear
 
 
 @functools.cache

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .cpu_attention import row_invariant_prefill
-from .cpu_linear import cpu_linear
+from .cpu_linear import cpu_linear, with_blocks
 from .forward_batch import ForwardBatch
 from .kv_cache import KVCache
 from .model_config import ModelConfig
@@ -47,7 +47,8 @@ class LlamaModel:
         # about half the time of F.linear's sgemm, a row's bits independent of the rows beside it);
         # KVSHARE_CPU_LINEAR=0 keeps F.linear.
         onednn = cpu and os.environ.get("KVSHARE_CPU_LINEAR", "1") != "0"
-        self._linear = cpu_linear(dtype) if onednn else F.linear
+        # Weights kept in a GGUF's blocks (weights.load_model(cpu_blocks=True)) take the block kernel.
+        self._linear = with_blocks(cpu_linear(dtype) if onednn else F.linear)
         # The CPU's prefill attention gives a chunk of 1-3 rows other bits than a longer one
         # (cpu_attention.py): padded, a prompt's tail computed after a prefix-cache hit gets its
         # first run's bits.

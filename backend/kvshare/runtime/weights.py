@@ -5,10 +5,12 @@ Sources: a transformers model (loaded from a GGUF file or an HF safetensors dire
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
 import torch
+from kvshare_kernels import block_linear
 
 from .model_config import NAMED_CONFIGS, ModelConfig
 from .tokenizer import default_model_source, hf_location, load_tokenizer
@@ -16,15 +18,19 @@ from .tokenizer import default_model_source, hf_location, load_tokenizer
 log = logging.getLogger("kvshare.runtime")
 
 
+# A linear layer's weight [out, in]: a dense tensor, or (CPU) the GGUF's blocks (kvshare_kernels.block_linear).
+Linear = torch.Tensor | block_linear.BlockWeight
+
+
 @dataclass(frozen=True)
 class LayerWeights:
     input_norm: torch.Tensor      # [H]
-    qkv: torch.Tensor             # [(Hq + 2 Hkv) D, H]
+    qkv: Linear                   # [(Hq + 2 Hkv) D, H]
     qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor          # [H, Hq D]
+    o_proj: Linear                # [H, Hq D]
     post_norm: torch.Tensor       # [H]
-    gate_up: torch.Tensor         # [2 I, H]
-    down: torch.Tensor            # [H, I]
+    gate_up: Linear               # [2 I, H]
+    down: Linear                  # [H, I]
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,7 @@ class LlamaWeights:
     embed: torch.Tensor           # [V, H]
     layers: tuple[LayerWeights, ...]
     final_norm: torch.Tensor      # [H]
-    lm_head: torch.Tensor         # [V, H] (the embedding itself when tied)
+    lm_head: Linear               # [V, H] (the embedding itself when tied)
 
 
 @dataclass(frozen=True)
@@ -72,11 +78,13 @@ def _from_hf_model(hf, dtype: torch.dtype, device: torch.device) -> tuple[ModelC
 
 
 def load_model(source: str | None = None, *, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu", seed: int = 0) -> LoadedModel:
+               device: str | torch.device = "cpu", seed: int = 0, cpu_blocks: bool = False) -> LoadedModel:
     """Load weights and tokenizer.
 
     ``source`` is a path to a ``.gguf`` file, an HF model directory, or ``dummy:<name>`` with a
     name from NAMED_CONFIGS. None means the embedded default (SmolLM2-135M-Instruct).
+    ``cpu_blocks``: a GGUF's quantized linear layers stay in its blocks (float32 on the CPU, where
+    the kernel runs; else, or if the blocks do not widen to transformers' weights, fp32 as always).
     """
     device = torch.device(device)
     source = source or default_model_source()
@@ -95,7 +103,34 @@ def load_model(source: str | None = None, *, dtype: torch.dtype = torch.float32,
     hf = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
     config, weights = _from_hf_model(hf, dtype, device)
     del hf
+    if cpu_blocks and source.endswith(".gguf") and device.type == "cpu" and dtype == torch.float32:
+        weights = _with_blocks(source, config, weights)
     return LoadedModel(config, weights, tokenizer, source)
+
+
+def _with_blocks(source: str, config: ModelConfig, weights: LlamaWeights) -> LlamaWeights:
+    """weights with the GGUF's blocks in place of the fp32 linear layers, where they apply."""
+    from .gguf_blocks import UnsupportedBlocks, check_against, load_blocks
+
+    if not block_linear.available():
+        return weights
+    try:
+        layers, head = load_blocks(source, config)
+    except UnsupportedBlocks as exc:
+        log.info("linear layers stay fp32: %s", exc)
+        return weights
+    # Cheap insurance that the loader reads the file as transformers does (row order, nibble order).
+    first = weights.layers[0]
+    if not all(check_against(layers[0][n], getattr(first, n)) for n in layers[0]) or \
+            not check_against(head, weights.lm_head):
+        log.warning("the GGUF's blocks do not widen to transformers' fp32 weights; linear layers stay fp32")
+        return weights
+    fp32 = sum(getattr(lw, n).numel() * 4 for lw in weights.layers for n in layers[0]) + weights.lm_head.numel() * 4
+    kept = sum(b.nbytes for lw in layers for b in lw.values()) + head.nbytes
+    log.info("linear layers in the GGUF's blocks (%s): %.0f MB instead of %.0f MB of fp32 weights",
+             ", ".join(sorted({b.format for lw in layers for b in lw.values()} | {head.format})), kept / 1e6, fp32 / 1e6)
+    new_layers = tuple(dataclasses.replace(lw, **blocks) for lw, blocks in zip(weights.layers, layers))
+    return dataclasses.replace(weights, layers=new_layers, lm_head=head)
 
 
 def random_weights(config: ModelConfig, *, dtype: torch.dtype, device: torch.device, seed: int = 0) -> LlamaWeights:

@@ -316,6 +316,9 @@ ENGINE_PARAMETERS: tuple[EngineParameter, ...] = (
     EngineParameter("kv_cache_memory_gb", "1.0", "the page pool's memory per engine (per device; num_pages overrides it)"),
     EngineParameter("kv_cache_dtype", "auto", "auto (the model's dtype) | fp8_e4m3 | int8: 8-bit KV pages, about "
                     "twice the pages in the same memory (docs/kv-quantization.md)"),
+    EngineParameter("cpu_weights", "blocks", "CPU: blocks keeps a GGUF's quantized linear layers in its blocks, "
+                    "read by kvshare's CPU kernel (the same weight values, about a fifth of the bytes); fp32 widens "
+                    "them at load (docs/cpu.md)"),
     EngineParameter("max_running", "32", "sequences decoding at once per engine"),
     EngineParameter("default_max_tokens", "128", "max_tokens of a request that sends none"),
     EngineParameter("host_cache_memory_gb", "0", "host tier below the pool (pinned memory on CUDA); 0 = off. Pays "
