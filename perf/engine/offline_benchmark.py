@@ -151,7 +151,7 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
 def _run_kvshare(loaded: LoadedModel, trace: Trace, args, sharing: bool, label: str, concurrency: int,
                  disk_dir: str) -> Row:
     cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
-                       kv_cache_memory_gb=args.kv_gb, kv_cache_dtype=args.kv_cache_dtype,
+                       cpu_weights=args.cpu_weights, kv_cache_memory_gb=args.kv_gb, kv_cache_dtype=args.kv_cache_dtype,
                        host_cache_memory_gb=args.host_cache_gb,
                        disk_cache_dir=disk_dir if sharing else "", disk_cache_gb=args.disk_cache_gb,
                        host_cache_min_hits=args.host_min_hits, max_running=args.max_running or max(trace.concurrency or 64, 1),
@@ -382,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
                          "workload once per value, on one loaded model; default the engine's")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each kvshare row N times and keep the one with the median tok/s")
+    ap.add_argument("--cpu-weights", default="blocks", choices=["blocks", "fp32"],
+                    help="CPU, a GGUF model: its linear layers in the file's blocks (the engine's default) or fp32")
     ap.add_argument("--step-profile", action="store_true",
                     help="time every engine step; print seconds per step kind (prefill, mixed, decode per path)")
     ap.add_argument("--json", type=Path, default=None)
@@ -392,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     args.kv_gb = args.kv_gb or (40.0 if args.device.startswith("cuda") else 1.0)
     if args.device == "cpu":
         torch.backends.mkldnn.enabled = True
-    loaded = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    loaded = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device,
+                        cpu_blocks=args.cpu_weights == "blocks")
     default_baselines = [b for b in args.baselines.split(",") if b]
     specs = [parse_workload(w, args.max_requests, default_baselines) for w in args.workloads.split(",") if w]
     hf = hf_model(loaded, args) if any({"generate", "generate_batch"} & set(b) for _, _, b in specs) else None

@@ -22,6 +22,7 @@ from ..engine.engine_loop import Submission
 from ..engine.faults import FaultInjector
 from ..engine.gc_tuning import freeze_startup_heap
 from ..engine.outputs import InvalidRequest
+from .cpu_threads import cores, server_cpu_threads
 from .inputs import GenerationRequest, generation_requests
 from .logs import configure_logging
 from .metrics import EngineMetrics, MetricFamilies, RouterMetrics
@@ -122,6 +123,14 @@ class LLMEngineModel:
         if config.stream_interval < 1:
             raise pb_utils.TritonModelException(f"stream_interval must be >= 1, got {config.stream_interval}")
         parallel = parallel_config_from(model_config)
+        if config.device == "cpu":
+            import torch
+
+            threads = server_cpu_threads(os.environ, min(torch.get_num_threads(), cores()))
+            if threads is not None:
+                torch.set_num_threads(threads)
+            log.info("CPU engine: %d torch threads of %d cores (one left to the server's own threads; "
+                     "KVSHARE_CPU_THREADS or OMP_NUM_THREADS set it)", torch.get_num_threads(), cores())
         log.info("starting the kvshare engine: %s (overlap scheduling %s; %s; code in %s)", config,
                  "on" if config.overlap_enabled else "off", parallel, os.path.dirname(os.path.dirname(__file__)))
         faults = FaultInjector.from_environment(os.environ)
