@@ -68,8 +68,17 @@ def load_blocks(path: str, config: ModelConfig) -> tuple[list[dict[str, BlockWei
     embedding). Raises UnsupportedBlocks when a tensor is in another format."""
     from gguf import GGUFReader
 
-    reader = {t.name: t for t in GGUFReader(path).tensors}
+    gguf = GGUFReader(path)
+    field = gguf.fields.get("general.architecture")
+    arch = bytes(field.parts[field.data[0]]).decode() if field is not None else "?"
+    if arch != "llama":   # the q/k row order below is llama.cpp's converter's for Llama
+        raise UnsupportedBlocks(f"architecture '{arch}': the block loader reads Llama GGUFs")
+    reader = {t.name: t for t in gguf.tensors}
     names = set(reader)
+    missing = [f"blk.{i}.{n}.weight" for i in range(config.num_layers) for n in (*_QKV, *_GATE_UP, _O, _DOWN)
+               if f"blk.{i}.{n}.weight" not in names]
+    if missing:
+        raise UnsupportedBlocks(f"no tensor {missing[0]} ({len(missing)} missing)")
     q_rows = _unpermute_rows(config.num_heads * config.head_dim, config.num_heads)
     k_rows = _unpermute_rows(config.num_kv_heads * config.head_dim, config.num_kv_heads)
     layers = []

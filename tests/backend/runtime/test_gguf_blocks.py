@@ -46,3 +46,20 @@ def test_every_smollm2_block_widens_to_transformers_weights(fp32_model):
             assert check_against(b, getattr(lw, name)), name
     assert head.format == "q8_0" and check_against(head, fp32_model.weights.lm_head)
     assert {b.format for lw in layers for b in lw.values()} == {"q4_1"}
+
+
+@pytest.mark.parametrize("arch, message", [("qwen2", "architecture 'qwen2'"), ("llama", "no tensor blk.0.attn_q.weight")])
+def test_files_the_loader_cannot_read_are_refused_with_the_reason(tmp_path, arch, message):
+    from gguf import GGUFWriter
+
+    from kvshare.runtime.model_config import NAMED_CONFIGS
+
+    path = tmp_path / f"{arch}.gguf"
+    writer = GGUFWriter(str(path), arch)
+    writer.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedBlocks, match=message):
+        load_blocks(str(path), NAMED_CONFIGS["tiny-llama"])
