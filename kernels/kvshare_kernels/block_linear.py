@@ -83,7 +83,6 @@ def unpack(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | N
 def dequantize(w: BlockWeight) -> torch.Tensor:
     """The fp32 weight [N, K]: d * q (+ m), a multiply then an add, in fp32 as gguf-py computes it."""
     q, d, m = unpack(w)
-    n, k = q.shape
     scaled = d.float().repeat_interleave(BLOCK, dim=1) * q.float()
     return scaled + m.float().repeat_interleave(BLOCK, dim=1) if m is not None else scaled
 

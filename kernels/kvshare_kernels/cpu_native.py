@@ -39,7 +39,7 @@ def library_path() -> Path:
     return SOURCE.parent / "_build" / f"block_gemm-{key.hexdigest()[:12]}.so"
 
 
-def build(*, quiet: bool = False) -> Path:
+def build() -> Path:
     """Compiles the library if it is not there yet; returns its path. Raises RuntimeError on failure."""
     target = library_path()
     if target.exists():
@@ -57,8 +57,7 @@ def build(*, quiet: bool = False) -> Path:
     cmd = [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
            *(f"-I{p}" for p in include_paths()), str(SOURCE), "-o", tmp,
            f"-L{lib}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
-    if not quiet:
-        log.info("building kvshare's CPU kernels: %s", " ".join(cmd))
+    log.info("building kvshare's CPU kernels: %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         os.unlink(tmp)

@@ -7,15 +7,11 @@ loader checks that claim on every load (``check_against``) and keeps fp32 weight
 """
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import torch
 from kvshare_kernels.block_linear import BLOCK, BlockWeight, cat_rows, dequantize, pack_q4_1, pack_q8_0, packable
 
 from .model_config import ModelConfig
-
-log = logging.getLogger("kvshare.runtime")
 
 # GGUF names of one block's projections, in the order kvshare fuses them.
 _QKV, _GATE_UP, _O, _DOWN = ("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), "attn_output", "ffn_down"
@@ -74,9 +70,8 @@ def load_blocks(path: str, config: ModelConfig) -> tuple[list[dict[str, BlockWei
     if arch != "llama":   # the q/k row order below is llama.cpp's converter's for Llama
         raise UnsupportedBlocks(f"architecture '{arch}': the block loader reads Llama GGUFs")
     reader = {t.name: t for t in gguf.tensors}
-    names = set(reader)
     missing = [f"blk.{i}.{n}.weight" for i in range(config.num_layers) for n in (*_QKV, *_GATE_UP, _O, _DOWN)
-               if f"blk.{i}.{n}.weight" not in names]
+               if f"blk.{i}.{n}.weight" not in reader]
     if missing:
         raise UnsupportedBlocks(f"no tensor {missing[0]} ({len(missing)} missing)")
     q_rows = _unpermute_rows(config.num_heads * config.head_dim, config.num_heads)
@@ -84,12 +79,11 @@ def load_blocks(path: str, config: ModelConfig) -> tuple[list[dict[str, BlockWei
     layers = []
     for i in range(config.num_layers):
         p = f"blk.{i}."
-        qkv = cat_rows(_tensor(reader, p + "attn_q.weight", q_rows), _tensor(reader, p + "attn_k.weight", k_rows),
-                       _tensor(reader, p + "attn_v.weight"))
+        qkv = cat_rows(*(_tensor(reader, p + n + ".weight", rows) for n, rows in zip(_QKV, (q_rows, k_rows, None))))
         gate_up = cat_rows(*(_tensor(reader, p + n + ".weight") for n in _GATE_UP))
         layers.append({"qkv": qkv, "o_proj": _tensor(reader, p + _O + ".weight"), "gate_up": gate_up,
                        "down": _tensor(reader, p + _DOWN + ".weight")})
-    head = "output.weight" if "output.weight" in names else "token_embd.weight"
+    head = "output.weight" if "output.weight" in reader else "token_embd.weight"
     return layers, _tensor(reader, head)
 
 
