@@ -5,8 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize
+
+# gguf-py comes with the embedded model's setup (scripts/setup.sh), not with a GPU image
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType  # noqa: E402
+from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 
 from kvshare.runtime.gguf_blocks import UnsupportedBlocks, check_against, from_raw, load_blocks
 from kvshare.runtime.tokenizer import default_model_source
