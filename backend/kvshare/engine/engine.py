@@ -28,6 +28,7 @@ from ..runtime.llama import LlamaModel
 from ..runtime.mixed_graph_runner import mixed_graph_sizes
 from ..runtime.model_runner import ChunkInput, LaunchedStep, ModelRunner, future_ref
 from ..runtime.sampler import Sampler, SamplingRow
+from ..runtime.step_threads import StepThreads
 from ..runtime.weights import LoadedModel, load_model
 from ..sampling_params import SamplingParams
 from .beam_search import BeamSearch
@@ -83,7 +84,7 @@ CPU_WEIGHTS = ("blocks", "fp32")
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, *,
-                 faults: FaultInjector | None = None):
+                 faults: FaultInjector | None = None, step_threads: StepThreads | None = None):
         if config.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got '{config.dtype}'")
         if config.tensor_parallel_size < 1:
@@ -144,7 +145,8 @@ class LLMEngine:
                                   max_model_len=self.max_model_len, graph_batch_sizes=graph_sizes,
                                   mixed_graph_tokens=mixed_sizes, cascade=cascade,
                                   max_rows=config.max_running, overlap=config.overlap_enabled,
-                                  mirror=self._tp.mirror if self._tp is not None else None)
+                                  mirror=self._tp.mirror if self._tp is not None else None,
+                                  step_threads=step_threads)
         self._pending: _PendingStep | None = None    # overlap scheduling: the launched, unresolved step
         self._seq_ids = itertools.count()
         self._by_request: dict[str, RequestState] = {}

@@ -23,6 +23,7 @@ from .llama import LlamaModel
 from .mixed_graph_runner import MixedGraphRunner
 from .page_transfer import PageTransfer
 from .sampler import Sampler, SamplingRow, TokenDetail
+from .step_threads import StepThreads
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,10 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, sampler: Sampler, device: torch.device, *,
                  max_model_len: int | None = None, graph_batch_sizes: Sequence[int] = (),
                  mixed_graph_tokens: Sequence[int] = (), cascade: CascadePolicy | None = None, max_rows: int = 256, overlap: bool = False,
-                 mirror: Callable[[str, object], None] | None = None):
+                 mirror: Callable[[str, object], None] | None = None, step_threads: StepThreads | None = None):
         self.model, self.kv, self.sampler, self.device = model, kv, sampler, device
+        # CPU: torch threads per step kind (step_threads.py); None leaves torch's count alone.
+        self.step_threads = step_threads if device.type == "cpu" else None
         # Tensor parallelism, rank 0: every page move and forward batch goes to the other ranks first
         # (runtime/tensor_parallel.StepMirror), so they run the same collectives in the same order.
         # CUDA graphs would replay without telling them: not with a mirror (yet).
@@ -225,6 +228,8 @@ class ModelRunner:
         # the chunk's length: a prompt's tail after a prefix-cache hit then gets its first run's bits.
         # CUDA keeps its decode kernel (and graphs) for steps of single tokens.
         prompt_prefill = self.device.type == "cpu" and any(c.prompt for c in chunks)
+        if self.step_threads is not None:
+            self.step_threads.apply(prompt_prefill)
         batch = build_forward_batch(
             rows, self.kv.page_size, self.device, decode_max_context=decode_bound, cascade=plan,
             all_logits=[c.all_logits for c in chunks] if all_logits else None, prompt_prefill=prompt_prefill,

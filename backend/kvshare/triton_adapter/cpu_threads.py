@@ -12,24 +12,43 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from ..runtime.step_threads import StepThreads
+
+
+def _count(env: Mapping[str, str], name: str, zero: str) -> int:
+    """The variable's thread count, 0 when unset; raises ValueError naming it."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return 0
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number of threads, got '{raw}'") from None
+    if n < 0:
+        raise ValueError(f"{name} must be >= 0 (0: {zero}), got {n}")
+    return n
+
 
 def server_cpu_threads(env: Mapping[str, str], available: int) -> int | None:
-    """Threads to give torch, or None to leave torch's own choice (OMP_NUM_THREADS set).
+    """Threads to give torch's decode steps, or None to leave torch's own choice (OMP_NUM_THREADS set).
 
     ``available``: torch's default thread count here. Raises ValueError naming the variable."""
-    raw = env.get("KVSHARE_CPU_THREADS", "").strip()
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            raise ValueError(f"KVSHARE_CPU_THREADS must be a whole number of threads, got '{raw}'") from None
-        if n < 0:
-            raise ValueError(f"KVSHARE_CPU_THREADS must be >= 0 (0: one core fewer than the machine's), got {n}")
-        if n:
-            return n
-    elif env.get("OMP_NUM_THREADS"):
+    n = _count(env, "KVSHARE_CPU_THREADS", "one core fewer than the machine's")
+    if n:
+        return n
+    if env.get("KVSHARE_CPU_THREADS", "").strip() == "" and env.get("OMP_NUM_THREADS"):
         return None
     return max(1, available - 1)
+
+
+def server_step_threads(env: Mapping[str, str], available: int) -> StepThreads | None:
+    """Threads for decode and for prompt steps; None leaves torch's own count for both
+    (OMP_NUM_THREADS set and neither KVSHARE variable)."""
+    prefill = _count(env, "KVSHARE_CPU_PREFILL_THREADS", "every core")
+    decode = server_cpu_threads(env, available)
+    if decode is None and not prefill:
+        return None
+    return StepThreads(decode=decode or available, prefill=prefill or available)
 
 
 def cores() -> int:

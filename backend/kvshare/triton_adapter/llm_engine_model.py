@@ -22,7 +22,7 @@ from ..engine.engine_loop import Submission
 from ..engine.faults import FaultInjector
 from ..engine.gc_tuning import freeze_startup_heap
 from ..engine.outputs import InvalidRequest
-from .cpu_threads import cores, server_cpu_threads
+from .cpu_threads import cores, server_step_threads
 from .inputs import GenerationRequest, generation_requests
 from .logs import configure_logging
 from .metrics import EngineMetrics, MetricFamilies, RouterMetrics
@@ -123,21 +123,26 @@ class LLMEngineModel:
         if config.stream_interval < 1:
             raise pb_utils.TritonModelException(f"stream_interval must be >= 1, got {config.stream_interval}")
         parallel = parallel_config_from(model_config)
+        step_threads = None
         if config.device == "cpu":
             import torch
 
-            threads = server_cpu_threads(os.environ, min(torch.get_num_threads(), cores()))
-            if threads is not None:
-                torch.set_num_threads(threads)
-            log.info("CPU engine: %d torch threads of %d cores (one left to the server's own threads; "
-                     "KVSHARE_CPU_THREADS or OMP_NUM_THREADS set it)", torch.get_num_threads(), cores())
+            step_threads = server_step_threads(os.environ, min(torch.get_num_threads(), cores()))
+            if step_threads is not None:
+                torch.set_num_threads(step_threads.decode)
+                log.info("CPU engine: %d torch threads for decode steps, %d for steps with a prompt, of %d cores "
+                         "(decode leaves one core to the server's own threads; KVSHARE_CPU_THREADS, "
+                         "KVSHARE_CPU_PREFILL_THREADS or OMP_NUM_THREADS set them)", step_threads.decode,
+                         step_threads.prefill, cores())
+            else:
+                log.info("CPU engine: %d torch threads of %d cores (OMP_NUM_THREADS)", torch.get_num_threads(), cores())
         log.info("starting the kvshare engine: %s (overlap scheduling %s; %s; code in %s)", config,
                  "on" if config.overlap_enabled else "off", parallel, os.path.dirname(os.path.dirname(__file__)))
         faults = FaultInjector.from_environment(os.environ)
         if faults is not None:
             log.warning("FAULT INJECTION IS ON (tests only): %s", faults.spec)
         engines = (build_engines(config, parallel, faults=faults) if parallel.data_parallel_size > 1
-                   else [LLMEngine(config, faults=faults)])
+                   else [LLMEngine(config, faults=faults, step_threads=step_threads)])
         self.engine = engines[0]
         self.model_name = model_name = args.get("model_name", "llm_engine")
         families = MetricFamilies(pb_utils)
