@@ -21,7 +21,8 @@ import torch
 
 log = logging.getLogger("kvshare.kernels")
 
-SOURCE = Path(__file__).parent / "cpu" / "block_gemm.cpp"
+# the block GEMM (linear layers on GGUF blocks) and the paged decode attention, one library
+SOURCES = tuple(Path(__file__).parent / "cpu" / name for name in ("block_gemm.cpp", "paged_decode.cpp"))
 FLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-w")
 
 
@@ -33,10 +34,10 @@ def library_path() -> Path:
     """Where the library for this source, torch and flag set lies (its name is their digest)."""
     key = hashlib.sha1()
     # torch's own directory too: the library's rpath names it.
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), torch.__file__.encode(), " ".join(FLAGS).encode(),
+    for part in (*(src.read_bytes() for src in SOURCES), torch.__version__.encode(), torch.__file__.encode(), " ".join(FLAGS).encode(),
                  str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()):
         key.update(part)
-    return SOURCE.parent / "_build" / f"block_gemm-{key.hexdigest()[:12]}.so"
+    return SOURCES[0].parent / "_build" / f"kvshare_cpu-{key.hexdigest()[:12]}.so"
 
 
 def build() -> Path:
@@ -55,13 +56,13 @@ def build() -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     cmd = [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-           *(f"-I{p}" for p in include_paths()), str(SOURCE), "-o", tmp,
+           *(f"-I{p}" for p in include_paths()), *map(str, SOURCES), "-o", tmp,
            f"-L{lib}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
     log.info("building kvshare's CPU kernels: %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         os.unlink(tmp)
-        raise RuntimeError(f"building {SOURCE.name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"building {', '.join(src.name for src in SOURCES)} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     os.replace(tmp, target)
     return target
 

@@ -7,6 +7,7 @@ from typing import Callable
 
 import kvshare_kernels
 import torch
+from kvshare_kernels import cpu_decode
 import torch.nn.functional as F
 
 from .cpu_attention import row_invariant_prefill
@@ -54,6 +55,9 @@ class LlamaModel:
         # first run's bits.
         prefill = self.ops.paged_prefill_attention
         self._prefill_attention = row_invariant_prefill(prefill) if cpu else prefill
+        # The CPU's decode attention reads the pages in place through kvshare's native op (fp32 pools;
+        # the reference where it does not apply): the reference gathers each layer's K and V first.
+        self._decode_attention = cpu_decode.paged_decode_attention if cpu else self.ops.paged_decode_attention
         if self.fused:
             from kvshare_kernels.fused_norm import rms_norm as fused_rms_norm
             from kvshare_kernels.fused_rotary import rotary_write_kv
@@ -131,7 +135,7 @@ class LlamaModel:
             return self.ops.cascade_decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, b.cascade,
                                                      self.scale, max_context=b.max_context, **scales)
         if b.decode_only:
-            return self.ops.paged_decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, self.scale,
-                                                   max_context=b.max_context, **scales)
+            return self._decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, self.scale,
+                                          max_context=b.max_context, **scales)
         return self._prefill_attention(q, k_cache, v_cache, b.page_table, b.query_start_loc, b.context_lens,
                                       self.scale, max_query_len=b.max_query_len, tiles=b.prefill_tiles, **scales)

@@ -1,0 +1,33 @@
+"""The CPU's paged decode attention: kvshare's native op (cpu/paged_decode.cpp) where it applies,
+the torch reference elsewhere.
+
+The native op reads K and V in place through the page table (the reference gathers every
+sequence's pages into dense tensors first, twice a layer), and gives each output the same bits
+whatever the thread count or the other sequences of the step. It takes fp32 16-bit-free pools (the
+CPU default), head dims that are multiples of 16, and a CPU with AVX-512F; anything else (8-bit
+pages, bf16, another CPU) takes the reference, with the same signature."""
+from __future__ import annotations
+
+import torch
+
+from . import cpu_native, reference
+
+
+def native_applies(q: torch.Tensor, k_cache: torch.Tensor, scales: dict) -> bool:
+    return (not scales and q.dtype == torch.float32 and k_cache.dtype == torch.float32 and q.device.type == "cpu"
+            and q.shape[-1] % 16 == 0 and cpu_native.available())
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                           context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
+                           max_context: int | None = None, debug: bool | None = None, **scales) -> torch.Tensor:
+    """reference.paged_decode_attention's contract; the native op where native_applies()."""
+    if not native_applies(q, k_cache, scales):
+        return reference.paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out,
+                                                max_context=max_context, debug=debug, **scales)
+    o = torch.ops.kvshare_cpu.paged_decode_attention(q.contiguous(), k_cache, v_cache, page_table.int().contiguous(),
+                                                     context_lens.int().contiguous(), float(scale))
+    if out is None:
+        return o
+    out.copy_(o)
+    return out
