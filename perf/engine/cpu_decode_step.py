@@ -99,8 +99,8 @@ def gemm_table(loaded: LoadedModel, rows: list[int], rounds: int) -> list[dict]:
 
 # op name -> kind; the first pattern contained in the name wins
 OP_KINDS = (("linear", ("block_linear", "_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "aten::matmul")),
-            # bmm: the reference attention's math path (scores and values), not a linear layer
-            ("attention", ("scaled_dot_product", "flash_attention", "aten::bmm")),
+            # bmm: the reference attention's math path (scores and values), not a linear layer; paged_decode_attention: the native CPU op
+            ("attention", ("scaled_dot_product", "flash_attention", "aten::bmm", "paged_decode_attention")),
             ("kv gather", ("aten::index_select", "aten::index_fill_", "aten::cat")))
 
 

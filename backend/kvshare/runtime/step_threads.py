@@ -8,10 +8,11 @@ prefill is few, large regions (a 1,536-row gate_up takes 25 ms on one core, 13 m
 short preemption costs little and a second core halves the step. So a step that carries a prompt
 chunk runs on ``prefill`` threads and a decode-only step on ``decode`` threads.
 
-The split is by the step's kind, not its size, for the bits: the CPU's decode attention (torch's
-flash kernel over one query per head group) rounds differently at another thread count, while the
-prefill path (SDPA over whole chunks, the block and oneDNN linear layers, the norms) gives the same
-bits at any count (tests/backend/runtime/test_step_threads.py). Decode steps thus always run at
+The split is by the step's kind, not its size, for the bits: the prefill path (SDPA over whole
+chunks, the block and oneDNN linear layers, the norms) gives the same bits at any thread count
+(tests/backend/runtime/test_step_threads.py), and so does the native decode attention
+(kvshare_kernels/cpu/paged_decode.cpp), but its torch fallback (flash SDPA over one query per
+head group, for 8-bit pages or a CPU without AVX-512) does not. Decode steps thus always run at
 one count, and a prompt's rows get the same bits whatever the thread counts.
 """
 from __future__ import annotations
