@@ -3,8 +3,8 @@ the torch reference elsewhere.
 
 The native op reads K and V in place through the page table (the reference gathers every
 sequence's pages into dense tensors first, twice a layer), and gives each output the same bits
-whatever the thread count or the other sequences of the step. It takes fp32 16-bit-free pools (the
-CPU default), head dims that are multiples of 16, and a CPU with AVX-512F; anything else (8-bit
+whatever the thread count or the other sequences of the step. It takes fp32 pools (the CPU
+default), head dims that are multiples of 16, and a CPU with AVX-512F; anything else (8-bit
 pages, bf16, another CPU) takes the reference, with the same signature."""
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from typing import Callable
 
 import kvshare_kernels
 import torch
-from kvshare_kernels import cpu_decode
 import torch.nn.functional as F
+from kvshare_kernels import cpu_decode
 
 from .cpu_attention import row_invariant_prefill
 from .cpu_linear import cpu_linear, with_blocks
