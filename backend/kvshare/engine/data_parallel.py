@@ -19,11 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..core.router import POLICIES, RouteDecision, Router, RouterSettings
-from .engine import LLMEngine
+from .engine import EngineStats, LLMEngine
 from .engine_config import EngineConfig
 from .engine_loop import EngineLoop, Submission
 from .faults import FaultInjector
 from .outputs import RequestOutput
+
+
+ENGINE_PROCESS = ("off", "on")
 
 
 @dataclass(frozen=True)
@@ -37,12 +40,17 @@ class ParallelConfig:
     routing_balance_abs: int = 8
     routing_balance_ratio: float = 1.5
     routing_min_match_tokens: int = 1
+    # "on": the engines run in a process of their own (engine/engine_process.py), so the stub's
+    # response pump does not share the engine thread's GIL; "off": on a thread of the stub.
+    engine_process: str = "off"
 
     def __post_init__(self) -> None:
         if self.data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
         if self.routing_policy not in POLICIES:
             raise ValueError(f"routing_policy must be one of {', '.join(POLICIES)}, got '{self.routing_policy}'")
+        if self.engine_process not in ENGINE_PROCESS:
+            raise ValueError(f"engine_process must be one of {', '.join(ENGINE_PROCESS)}, got '{self.engine_process}'")
         listed = self.device_list
         if listed and len(listed) != self.data_parallel_size:
             raise ValueError(f"devices lists {len(listed)} devices ({self.devices}) for data_parallel_size "
@@ -85,6 +93,21 @@ class ParallelConfig:
         return cls(**kwargs)
 
 
+@dataclass(frozen=True)
+class EngineTick:
+    """What an engine reports on its loop's tick (every ~0.5 s, and when it falls idle): the
+    metrics' input, taken on its engine thread."""
+    engine: int                       # index in the group
+    stats: EngineStats
+    ttft: list[float]                 # latency samples (s) since the previous tick
+    itl: list[float]
+
+    @classmethod
+    def of(cls, index: int, engine: LLMEngine) -> "EngineTick":
+        ttft, itl = engine.drain_latencies()
+        return cls(index, engine.stats(), ttft, itl)
+
+
 def build_engines(config: EngineConfig, parallel: ParallelConfig, *,
                   faults: FaultInjector | None = None) -> list[LLMEngine]:
     """One engine per device; engines on the same device share the loaded weights (read-only).
@@ -106,13 +129,15 @@ class EngineGroup:
     """The engines, their loops and the router; the submit/cancel/shutdown surface of one EngineLoop."""
 
     def __init__(self, engines: Sequence[LLMEngine], settings: RouterSettings = RouterSettings(), *,
-                 max_in_flight: int | None = None, on_tick: Callable[[int, LLMEngine], None] | None = None,
-                 faults: FaultInjector | None = None, serving: Callable[[], bool | None] | None = None):
+                 max_in_flight: int | None = None, on_tick: Callable[[EngineTick], None] | None = None,
+                 faults: FaultInjector | None = None, serving: Callable[[], bool | None] | None = None,
+                 on_route: Callable[[RouteDecision], None] | None = None):
         if not engines:
             raise ValueError("an engine group needs at least one engine")
         self.engines = list(engines)
         self.router = Router([e.scheduler.kv for e in self.engines], self.engines[0].kv.page_size, settings)
-        tick = (lambda i: (lambda engine: on_tick(i, engine))) if on_tick is not None else (lambda i: None)
+        tick = (lambda i: (lambda engine: on_tick(EngineTick.of(i, engine)))) if on_tick is not None else (lambda i: None)
+        self._on_route = on_route
         # max_in_flight is per engine: each has its own pool and queue
         self.loops = [EngineLoop(e, on_tick=tick(i), max_in_flight=max_in_flight, faults=faults, serving=serving)
                       for i, e in enumerate(self.engines)]
@@ -153,7 +178,11 @@ class EngineGroup:
             if engine != decision.engine:
                 self.router.reroute(route_id, engine)
             if self.loops[engine].try_submit_all([self._tapped(engine, sub) for sub in subs]):
-                return dataclasses.replace(decision, engine=engine) if engine != decision.engine else decision
+                if engine != decision.engine:
+                    decision = dataclasses.replace(decision, engine=engine)
+                if self._on_route is not None:
+                    self._on_route(decision)
+                return decision
         self._forget(route_id, subs)
         return None
 
@@ -165,6 +194,11 @@ class EngineGroup:
         """EngineLoop.abandon on every engine: the caller answers the request itself."""
         for loop in self.loops:
             loop.abandon(request_id)
+
+    def drain(self) -> None:
+        """EngineLoop.drain on every engine: the server no longer serves this model."""
+        for loop in self.loops:
+            loop.drain()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         for loop in self.loops:

@@ -35,6 +35,7 @@ from .beam_search import BeamSearch
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
 from .faults import FaultInjector
+from .limits import EngineLimits
 from .outputs import Beam, InvalidRequest, RequestOutput, RequestTiming, StepShape
 from .request_state import RequestState
 
@@ -201,49 +202,17 @@ class LLMEngine:
     def capacity_tokens(self) -> int:
         return self.kv.num_pages * self.kv.page_size
 
+    @property
+    def limits(self) -> EngineLimits:
+        """What a request may ask of this engine: validation needs nothing else (an adapter in
+        another process validates with this alone)."""
+        return EngineLimits(self.model_config.vocab_size, self.max_model_len, self.capacity_tokens,
+                            self.config.max_prompt_tokens, self.config.max_beam_width,
+                            self.config.max_logits_elements)
+
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raises InvalidRequest naming the field for anything this engine cannot serve."""
-        n = len(prompt_ids)
-        if n == 0:
-            raise InvalidRequest("input_ids", "the prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequest("input_ids", f"token id {bad} is outside the vocabulary [0, {vocab})")
-        if n >= self.max_model_len:
-            raise InvalidRequest("input_ids", f"the prompt has {n} tokens; the context holds {self.max_model_len} "
-                                              "and at least one must be left to generate")
-        if self.config.max_prompt_tokens is not None and n > self.config.max_prompt_tokens:
-            raise InvalidRequest("input_ids", f"the prompt has {n} tokens, more than max_prompt_tokens "
-                                              f"({self.config.max_prompt_tokens})")
-        if params.max_tokens <= 0:
-            raise InvalidRequest("max_tokens", f"must be > 0, got {params.max_tokens}")
-        if n + params.max_tokens > self.max_model_len:
-            raise InvalidRequest("max_tokens", f"prompt ({n}) + max_tokens ({params.max_tokens}) exceeds the context "
-                                               f"length {self.max_model_len}")
-        if n + params.max_tokens > self.capacity_tokens:
-            raise InvalidRequest("max_tokens", f"prompt ({n}) + max_tokens ({params.max_tokens}) needs more KV than the "
-                                               f"whole page pool holds ({self.capacity_tokens} tokens)")
-        if params.min_tokens > params.max_tokens:
-            raise InvalidRequest("min_tokens", f"min_tokens ({params.min_tokens}) exceeds max_tokens ({params.max_tokens})")
-        for name, ids in (("bad_words", [t for w in params.bad_words for t in w]),
-                          ("embedding_bias", [t for t, _ in params.logit_bias]),
-                          ("end_id", list(params.end_ids or ()))):
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise InvalidRequest(name, f"token id {bad} is outside the vocabulary [0, {vocab})")
-        if params.beam_width < 1 or params.beam_width > self.config.max_beam_width:
-            raise InvalidRequest("beam_width", f"must be in [1, {self.config.max_beam_width}], got {params.beam_width}")
-        if params.logprobs > vocab:
-            raise InvalidRequest("logprobs", f"must be <= the vocabulary size {vocab}, got {params.logprobs}")
-        if params.return_generation_logits and params.max_tokens * vocab > self.config.max_logits_elements:
-            raise InvalidRequest("return_generation_logits", (
-                f"max_tokens ({params.max_tokens}) x vocabulary ({vocab}) = {params.max_tokens * vocab} logits exceeds "
-                f"max_logits_elements ({self.config.max_logits_elements}); lower max_tokens or raise the limit"))
-        if params.return_context_logits and n * vocab > self.config.max_logits_elements:
-            raise InvalidRequest("return_context_logits", (
-                f"prompt ({n}) x vocabulary ({vocab}) = {n * vocab} logits exceeds max_logits_elements "
-                f"({self.config.max_logits_elements})"))
+        self.limits.validate(prompt_ids, params)
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, *,
                     cache_salt: str = "", echo_prompt: bool = False, fork_of: str | None = None) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..sampling_params import SamplingParams
+from .cancel_probes import CancelProbes
 from .engine import LLMEngine
 from .faults import FaultInjector
 from .outputs import RequestOutput
@@ -69,9 +70,9 @@ class EngineLoop:
         self._count_lock = threading.Lock()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._subs: dict[str, Submission] = {}
-        self._probes: dict[str, Callable[[], bool]] = {}     # shared with the watcher thread
+        self._probes = CancelProbes()                          # polled by the watcher thread
         self._deadlines: dict[str, tuple[float, float]] = {}   # rid -> (monotonic deadline, timeout_s); watcher's
-        self._probe_lock = threading.Lock()
+        self._deadline_lock = threading.Lock()
         self._cancel_poll_s = cancel_poll_s
         self._idle_tick_s = idle_tick_s
         self._on_tick = on_tick
@@ -117,9 +118,14 @@ class EngineLoop:
         """The request's client can no longer be answered and its caller ends the Triton request
         itself: its cancellation probe stops now, on the calling thread, before that final goes out
         (in the stub a probe after the final reads freed memory), and the engine ends it."""
-        with self._probe_lock:
-            self._probes.pop(request_id, None)
+        self._probes.drop(request_id)
         self.cancel(request_id)
+
+    def drain(self) -> None:
+        """The server no longer serves this model: refuse new requests, end those in flight."""
+        with self._count_lock:
+            self.draining = True
+        self._inbox.put(("drain", None))
 
     def call(self, fn: Callable[[LLMEngine], object], timeout: float = 30.0) -> object:
         """Runs fn(engine) on the engine thread (e.g. a consistent stats snapshot)."""
@@ -178,10 +184,10 @@ class EngineLoop:
         if kind == "add":
             sub, deadline = payload
             self._subs[sub.request_id] = sub
-            with self._probe_lock:
-                if sub.is_cancelled is not None:
-                    self._probes[sub.request_id] = sub.is_cancelled
-                if deadline is not None:
+            if sub.is_cancelled is not None:
+                self._probes.add(sub.request_id, sub.is_cancelled)
+            if deadline is not None:
+                with self._deadline_lock:
                     self._deadlines[sub.request_id] = (deadline, sub.timeout_s)
             try:
                 self.engine.add_request(sub.request_id, sub.prompt_ids, sub.params, cache_salt=sub.cache_salt,
@@ -214,26 +220,16 @@ class EngineLoop:
         """Watcher thread: a probe that fires turns into a cancel in the engine's inbox, a deadline
         that passes into an expiry."""
         while not self._stopping.wait(self._cancel_poll_s):
-            with self._probe_lock:
-                rids = list(self._probes)
-                if self._deadlines:
-                    now = time.monotonic()
+            if self._deadlines:
+                now = time.monotonic()
+                with self._deadline_lock:
                     expired = [(rid, t) for rid, (at, t) in self._deadlines.items() if at <= now]
                     for rid, t in expired:
                         del self._deadlines[rid]
-                        self._inbox.put(("expire", (rid, t)))
-            for rid in rids:
-                # Each probe runs under the lock, and only while still registered: _deliver drops it
-                # under the same lock before the final output goes out, and in the Triton stub the
-                # final response frees what the probe reads (a probe after it crashed the server).
-                # The engine thread waits for at most one probe call.
-                with self._probe_lock:
-                    probe = self._probes.get(rid)
-                    fired = probe is not None and self._safe(probe)
-                    if fired:
-                        del self._probes[rid]
-                if fired:
-                    self.cancel(rid)
+                for rid, t in expired:
+                    self._inbox.put(("expire", (rid, t)))
+            for rid in self._probes.fired():
+                self.cancel(rid)
 
     def _watch_serving(self) -> None:
         """Serving thread (its own: a slow answer must not hold back cancellations): the serving
@@ -241,9 +237,7 @@ class EngineLoop:
         cannot tell (e.g. before the first request)."""
         while not self._stopping.wait(self._serving_poll_s):
             if self._safe(self._serving) is False:
-                with self._count_lock:
-                    self.draining = True
-                self._inbox.put(("drain", None))
+                self.drain()
                 return
 
     def _step(self) -> None:
@@ -273,28 +267,42 @@ class EngineLoop:
         self._deliver(outputs)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        batches: dict[BatchSink, list[RequestOutput]] = {}
-        for out in outputs:
-            sub = self._subs.get(out.request_id)
-            if out.finished and self._subs.pop(out.request_id, None) is not None:
-                with self._probe_lock:
-                    self._probes.pop(out.request_id, None)
-                    self._deadlines.pop(out.request_id, None)
-                with self._count_lock:
-                    self._in_flight -= 1
-            if sub is None:
-                continue
-            if sub.batch_sink is not None:
-                batches.setdefault(sub.batch_sink, []).append(out)
-            elif sub.sink is not None:
-                self._safe(sub.sink, out)
-        for batch_sink, batch in batches.items():
-            self._safe(batch_sink, batch)
+        deliver(outputs, self._subs, self._finished)
+
+    def _finished(self, request_id: str) -> None:
+        # before the final goes out: no probe may run after it (cancel_probes.py)
+        self._probes.drop(request_id)
+        with self._deadline_lock:
+            self._deadlines.pop(request_id, None)
+        with self._count_lock:
+            self._in_flight -= 1
 
     @staticmethod
     def _safe(fn, *args):
-        try:
-            return fn(*args)
-        except Exception:
-            log.exception("callback %r failed", fn)
-            return None
+        return safe_call(fn, *args)
+
+def deliver(outputs: list[RequestOutput], subs: dict[str, Submission], finished: Callable[[str], None]) -> None:
+    """Hands outputs to their submissions' sinks, one call per batch sink. A final output first
+    removes its submission and calls finished(request id), before any sink sees it."""
+    batches: dict[BatchSink, list[RequestOutput]] = {}
+    for out in outputs:
+        sub = subs.get(out.request_id)
+        if sub is None:
+            continue
+        if out.finished:
+            del subs[out.request_id]
+            finished(out.request_id)
+        if sub.batch_sink is not None:
+            batches.setdefault(sub.batch_sink, []).append(out)
+        elif sub.sink is not None:
+            safe_call(sub.sink, out)
+    for batch_sink, batch in batches.items():
+        safe_call(batch_sink, batch)
+
+
+def safe_call(fn, *args):
+    try:
+        return fn(*args)
+    except Exception:
+        log.exception("callback %r failed", fn)
+        return None

@@ -15,13 +15,14 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
-from ..engine.data_parallel import EngineGroup, ParallelConfig, build_engines
+from ..engine.data_parallel import EngineGroup, EngineTick, ParallelConfig, build_engines
 from ..engine.engine import LLMEngine
 from ..engine.engine_config import EngineConfig
 from ..engine.engine_loop import Submission
 from ..engine.faults import FaultInjector
 from ..engine.gc_tuning import freeze_startup_heap
 from ..engine.outputs import InvalidRequest
+from ..engine.process_group import EngineProcessGroup, EngineUnavailable
 from .cpu_threads import cores, server_step_threads
 from .inputs import GenerationRequest, generation_requests
 from .logs import configure_logging
@@ -141,14 +142,12 @@ class LLMEngineModel:
         faults = FaultInjector.from_environment(os.environ)
         if faults is not None:
             log.warning("FAULT INJECTION IS ON (tests only): %s", faults.spec)
-        engines = (build_engines(config, parallel, faults=faults) if parallel.data_parallel_size > 1
-                   else [LLMEngine(config, faults=faults, step_threads=step_threads)])
-        self.engine = engines[0]
         self.model_name = model_name = args.get("model_name", "llm_engine")
         families = MetricFamilies(pb_utils)
-        self.publishers = [MetricsPublisher(EngineMetrics(pb_utils, model_name, i, families))
-                           for i in range(len(engines))]
-        self.router_metrics = RouterMetrics(families, model_name) if len(engines) > 1 else None
+        n = parallel.data_parallel_size
+        self.publishers = [MetricsPublisher(EngineMetrics(pb_utils, model_name, i, families)) for i in range(n)]
+        self.router_metrics = RouterMetrics(families, model_name) if n > 1 else None
+        on_route = (lambda d: self.router_metrics.record(d.engine, d.reason)) if n > 1 else None
         self.pump = ResponsePump(pb_utils, stream_interval=config.stream_interval,
                                  on_abandoned=lambda rid: self.group.abandon(rid), faults=faults)
         # Triton finalizes a model only once every response factory is released, i.e. after every
@@ -161,23 +160,39 @@ class LLMEngineModel:
         if self._readiness is None:
             log.warning("tritonserver's HTTP endpoint is off: on a shutdown or an unload the requests in "
                         "flight run to their end, up to --exit-timeout-secs")
-        self.group = EngineGroup(engines, parallel.router_settings, max_in_flight=config.max_queued_requests,
-                                 on_tick=self._publish_metrics, faults=faults,
-                                 serving=self._serving if self._readiness is not None else None)
+        serving = self._serving if self._readiness is not None else None
+        if parallel.engine_process == "on":
+            try:
+                self.group = EngineProcessGroup.start(
+                    config, parallel, step_threads, max_in_flight=config.max_queued_requests * n,
+                    on_tick=self._publish_metrics, on_route=on_route, serving=serving)
+            except EngineUnavailable as exc:
+                raise pb_utils.TritonModelException(str(exc)) from None
+            ready = self.group.ready
+            self.config, self.limits, self.tokenizer = ready.config, ready.limits, ready.tokenizer
+            where = f"engine process {ready.pid}: {', '.join(ready.devices)}"
+            pages, page_size = ready.num_pages, ready.page_size
+        else:
+            engines = (build_engines(config, parallel, faults=faults) if n > 1
+                       else [LLMEngine(config, faults=faults, step_threads=step_threads)])
+            first = engines[0]
+            self.config, self.limits, self.tokenizer = first.config, first.limits, first.tokenizer
+            self.group = EngineGroup(engines, parallel.router_settings, max_in_flight=config.max_queued_requests,
+                                     on_tick=self._publish_metrics, faults=faults, serving=serving, on_route=on_route)
+            where = "this stub: " + ", ".join(str(e.device) for e in engines)
+            pages, page_size = first.kv.num_pages, first.kv.page_size
         self._ids = itertools.count()
         freeze_startup_heap()
-        log.info("kvshare engine ready: %d engine(s) on %s, %d KV pages of %d tokens each; shutdown probe %s",
-                 len(engines), ", ".join(str(e.device) for e in engines), self.engine.kv.num_pages,
-                 self.engine.kv.page_size, self._readiness)
+        log.info("kvshare engine ready: %d engine(s) in %s; %d KV pages of %d tokens each; shutdown probe %s",
+                 n, where, pages, page_size, self._readiness)
 
     def _serving(self) -> bool | None:
         """Does the server still serve this model? None: cannot tell (yet)."""
         return self._readiness() if self._executing else None
 
-    def _publish_metrics(self, index: int, engine: LLMEngine) -> None:
-        """on_tick, on engine index's thread."""
-        ttft, itl = engine.drain_latencies()
-        self.publishers[index].offer(engine.stats(), ttft, itl)
+    def _publish_metrics(self, tick: EngineTick) -> None:
+        """on_tick: on the engine's thread, or the engine process's reader thread."""
+        self.publishers[tick.engine].offer(tick.stats, tick.ttft, tick.itl)
 
     def execute(self, requests):
         if not self._executing:
@@ -197,10 +212,10 @@ class LLMEngineModel:
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             try:
-                rows = [resolve_words(r, self.engine.tokenizer)
-                        for r in generation_requests(get, default_max_tokens=self.engine.config.default_max_tokens)]
+                rows = [resolve_words(r, self.tokenizer)
+                        for r in generation_requests(get, default_max_tokens=self.config.default_max_tokens)]
                 for row in rows:
-                    self.engine.validate(row.prompt_ids, row.params)
+                    self.limits.validate(row.prompt_ids, row.params)
             except InvalidRequest as exc:
                 sender.send(error_response(pb_utils, str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
@@ -229,14 +244,16 @@ class LLMEngineModel:
                 for rid, row, _, parent in members]
         for rid, row, s, _ in members:
             self.pump.register(rid, ClientStream(sender, row, sequence_index=s, reply=reply))
-        decision = self.group.try_submit_all(base_id, subs)
-        if decision is None:
+        try:
+            accepted = self.group.try_submit_all(base_id, subs)
+            refusal = None if accepted else overloaded_response(pb_utils, self.group.in_flight,
+                                                                self.group.max_in_flight)
+        except EngineUnavailable as exc:
+            refusal = error_response(pb_utils, str(exc))
+        if refusal is not None:
             for rid, *_ in members:
                 self.pump.forget(rid)
-            sender.send(overloaded_response(pb_utils, self.group.in_flight, self.group.max_in_flight),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        elif self.router_metrics is not None:
-            self.router_metrics.record(decision.engine, decision.reason)
+            sender.send(refusal, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self):
         log.info("kvshare engine shutting down: %d responses sent for %d tokens", self.pump.responses_sent,
