@@ -28,7 +28,7 @@ from .engine_loop import Submission
 from .faults import FaultInjector
 from .gc_tuning import freeze_startup_heap
 from .process_protocol import (Cancel, Closed, Drain, EnginesReady, Outputs, Routed, Shutdown, StartEngines,
-                               StartFailed, Submit, Tick)
+                               StartFailed, Submit, Tick, recv, send)
 
 log = logging.getLogger("kvshare.engine")
 
@@ -47,7 +47,7 @@ class _Outbox:
             if self._broken:
                 return
             try:
-                self._conn.send(message)
+                send(self._conn, message)
             except (OSError, EOFError):
                 self._broken = True
 
@@ -66,7 +66,7 @@ def build(start: StartEngines, faults: FaultInjector | None) -> list[LLMEngine]:
 
 
 def serve(conn: Connection) -> int:
-    start = conn.recv()
+    start = recv(conn)
     if not isinstance(start, StartEngines):
         raise TypeError(f"the engine process expects StartEngines first, got {type(start).__name__}")
     outbox = _Outbox(conn)
@@ -97,7 +97,7 @@ def serve(conn: Connection) -> int:
 def _serve_requests(conn: Connection, group: EngineGroup, outbox: _Outbox) -> None:
     while True:
         try:
-            message = conn.recv()
+            message = recv(conn)
         except (EOFError, OSError):
             log.warning("the Triton stub is gone: the engine process stops")
             return

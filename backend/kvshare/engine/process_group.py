@@ -32,7 +32,7 @@ from .engine_config import EngineConfig
 from .engine_loop import Submission, deliver, safe_call
 from .outputs import RequestOutput
 from .process_protocol import (Cancel, Closed, Drain, EnginesReady, Outputs, RemoteRequest, Routed, Shutdown,
-                               StartEngines, StartFailed, Submit, Tick)
+                               StartEngines, StartFailed, Submit, Tick, recv, send)
 
 log = logging.getLogger("kvshare.engine")
 
@@ -105,9 +105,9 @@ class EngineProcessGroup:
         conn = Connection(mine.detach())
         log.info("engine process %d started (%s)", process.pid, python)
         try:
-            conn.send(StartEngines(config, parallel, step_threads))
+            send(conn, StartEngines(config, parallel, step_threads))
             early = []
-            while not isinstance(message := conn.recv(), (EnginesReady, StartFailed)):
+            while not isinstance(message := recv(conn), (EnginesReady, StartFailed)):
                 early.append(message)
         except (EOFError, OSError):
             code = process.wait()
@@ -183,7 +183,7 @@ class EngineProcessGroup:
     def _send(self, message) -> None:
         with self._send_lock:
             try:
-                self._conn.send(message)
+                send(self._conn, message)
             except (OSError, EOFError, ValueError):
                 pass                 # the process is gone: the reader ends what is open
 
@@ -191,10 +191,13 @@ class EngineProcessGroup:
         closed = False
         while not closed:
             try:
-                message = self._conn.recv()
+                message = recv(self._conn)
             except (EOFError, OSError):
                 break
-            closed = self._handle(message)
+            try:
+                closed = self._handle(message)
+            except Exception:     # the thread must live on: it alone ends the requests in flight
+                log.exception("handling a message from the engine process failed")
         if closed:
             return
         if self._stopping.is_set():

@@ -7,7 +7,9 @@ cancellation probes stay on the stub's side.
 """
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 from ..core.router import RouteDecision
@@ -93,3 +95,14 @@ class Routed:
 @dataclass(frozen=True)
 class Closed:
     """The engines are closed (disk writes landed) and every request has had its final output."""
+
+
+def send(conn: Connection, message) -> None:
+    """Plain pickle, not Connection.send's: torch registers reducers with multiprocessing's pickler
+    that would share a tensor's storage through a file descriptor; the logits in outputs travel as
+    bytes (they are small, and asked for rarely)."""
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def recv(conn: Connection):
+    return pickle.loads(conn.recv_bytes())

@@ -112,3 +112,24 @@ def test_a_start_that_fails_raises_with_the_engine_process_error():
     bad = EngineConfig.from_mapping({"model": "dummy:no-such-model", "device": "cpu", "num_pages": "8"})
     with pytest.raises(EngineUnavailable, match="(?s)could not build the engines:.*no-such-model"):
         EngineProcessGroup.start(bad, ParallelConfig(), max_in_flight=None)
+
+
+def test_logprobs_and_generation_logits_cross_the_process_intact(group):
+    import torch
+
+    params = SamplingParams(max_tokens=3, min_tokens=3, temperature=0.0, logprobs=2, return_generation_logits=True)
+    c = Collector()
+    outs = []
+    c.sink = lambda batch: [outs.append(o) or c.q.put(o) for o in batch]
+    group.try_submit_all("l", [Submission("l0", [3, 4, 5], params, "", False, None, None, batch_sink=c.sink)])
+    c.until_final(["l0"])
+    engine = LLMEngine(CONFIG)
+    engine.add_request("l0", [3, 4, 5], params)
+    here = []
+    while engine.has_work:
+        here += engine.step()
+    logits = [t for o in outs for t in o.generation_logits]
+    assert len(logits) == 3 and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in logits)
+    assert all(torch.equal(a, b) for a, b in zip(logits, [t for o in here for t in o.generation_logits]))
+    assert [lp for o in outs for lp in o.logprobs] == [lp for o in here for lp in o.logprobs]
+    assert [t for o in outs for t in o.top_logprobs] == [t for o in here for t in o.top_logprobs]
