@@ -121,38 +121,58 @@ PEER_CALLS = (
 )
 
 # Serving side by side (perf/peer/serving.py): call 1 builds the real server's virtualenv from the
-# fullstack bundle and runs kvshare's points through Triton, keeping their JSON in SERVING_KEEP; call 2
-# stages vLLM's piece 1 and sweeps kvshare's prefill tiles at the 32k row's chunk; call 3 unpacks vLLM,
-# runs `vllm serve` at the same points (the load from the same virtualenv) and writes the table and
-# plot; call 4 times kvshare's kernels beside vLLM's FA3 on the same pages (vLLM still in /tmp/site).
+# fullstack bundle and runs kvshare's points through Triton with the engines in a process of their own
+# (engine/engine_process.py), keeping their JSON in SERVING_KEEP; call 2 stages vLLM's piece 1 and runs
+# the same points with the engine inside the Triton stub (the A/B of the engine process, same lease);
+# call 3 unpacks vLLM, runs `vllm serve` at the same points (the load from the same virtualenv) and
+# writes a table and plot for each kvshare mode; call 4 sweeps kvshare's prefill tiles at the 32k row's
+# chunk and times kvshare's kernels beside vLLM's FA3 on the same pages (vLLM still in /tmp/site).
 SERVING_WORK = "/tmp/kvshare-serving"
 SERVING_ENV = f"{SERVING_WORK}/env"
 SERVING_KEEP = f"{SERVING_WORK}/keep"
+SERVING_KEEP_IN_STUB = f"{SERVING_WORK}/keep-in-stub"
+SERVING_INFO = ("one NVIDIA H200; Llama-2-7B shape fp16, random weights; kvshare: Triton 2.51 llm_engine over gRPC "
+                "streaming; vLLM 0.25.0: vllm serve, /v1/completions streaming")
+
+
+def serving_kvshare(name: str, engine_process: str, keep: str) -> tuple[Stage, Stage]:
+    """kvshare's points through Triton with KVSHARE_ENGINE_PROCESS=engine_process, then their JSON kept
+    outside the suite's folder (the next call's stages read it there)."""
+    run = Stage(name, (PY, "-m", "perf.peer.serving", "kvshare", "--env", SERVING_ENV, "--out", f"{{out}}/{name}"),
+                420, needs=("env",), env=(("KVSHARE_ENGINE_PROCESS", engine_process),))
+    kept = Stage(f"keep-{name}", ("bash", "-c", f"{PY} perf/server/fullstack_server.py stop --pid-file "
+                                  f"{{out}}/{name}/kvshare-server.pid; rm -rf {keep} && cp -r {{out}}/{name} {keep} "
+                                  f"&& ls {keep}"), 30)
+    return run, kept
+
+
+def serving_table(name: str, keep: str, mode: str) -> Stage:
+    return Stage(name, (PY, "-m", "perf.peer.serving_report", "--kvshare", keep, "--vllm", "{out}/vllm",
+                        "--md", f"{{out}}/{name}.md", "--json", f"{{out}}/{name}.json", "--png", f"{{out}}/{name}.png",
+                        "--info", SERVING_INFO, "--info", f"kvshare's engine: {mode}"), 30,
+                 (f"{name}.md", f"{name}.json", f"{name}.png"))
+
+
 SERVING_STAGES = (
     Stage("env", (PY, "perf/gpu/env.py", "server-venv", ".carry/fullstack", f"{SERVING_WORK}/env"), 120),
-    Stage("kvshare", (PY, "-m", "perf.peer.serving", "kvshare", "--env", SERVING_ENV, "--out", "{out}/kvshare"), 420,
-          needs=("env",)),
-    Stage("keep", ("bash", "-c", f"{PY} perf/server/fullstack_server.py stop --pid-file {{out}}/kvshare/kvshare-server.pid; "
-                   f"rm -rf {SERVING_KEEP} && cp -r {{out}}/kvshare {SERVING_KEEP} && ls {SERVING_KEEP}"), 30),
+    *serving_kvshare("kvshare", "on", SERVING_KEEP),
     Stage("stage-piece1", PEER_UNPACK, 60),
-    Stage("prefill-sweep", (PY, "perf/kernels/bench_prefill_attention.py", "--sweep", "--sweep-only", "--sweep-shape",
-                            "1,30720,2048", "--json", "{out}/prefill-sweep.json"), 150, ("prefill-sweep.json",)),
+    *serving_kvshare("kvshare-in-stub", "off", SERVING_KEEP_IN_STUB),
     Stage("unpack", PEER_UNPACK, 90),
     Stage("vllm", (PY, "-m", "perf.peer.serving", "vllm", "--load-env", SERVING_ENV, "--out", "{out}/vllm"), 420,
           needs=("unpack",), python_path=(VLLM_SITE,)),
-    Stage("table", (PY, "-m", "perf.peer.serving_report", "--kvshare", SERVING_KEEP, "--vllm", "{out}/vllm",
-                    "--md", "{out}/serving.md", "--json", "{out}/serving.json", "--png", "{out}/serving.png",
-                    "--info", "one NVIDIA H200; Llama-2-7B shape fp16, random weights; kvshare: Triton 2.51 "
-                    "llm_engine over gRPC streaming; vLLM 0.25.0: vllm serve, /v1/completions streaming"), 30,
-          ("serving.md", "serving.json", "serving.png")),
+    serving_table("serving", SERVING_KEEP, "a process of its own (KVSHARE_ENGINE_PROCESS=on)"),
+    serving_table("serving-in-stub", SERVING_KEEP_IN_STUB, "inside the Triton stub (KVSHARE_ENGINE_PROCESS=off)"),
+    Stage("prefill-sweep", (PY, "perf/kernels/bench_prefill_attention.py", "--sweep", "--sweep-only", "--sweep-shape",
+                            "1,30720,2048", "--json", "{out}/prefill-sweep.json"), 150, ("prefill-sweep.json",)),
     Stage("kernels", (PY, "perf/kernels/bench_peer_attention.py", "--json", "{out}/kernels.json", "--md",
                       "{out}/kernels.md"), 240, ("kernels.json", "kernels.md"), python_path=(VLLM_SITE,)),
 )
 SERVING_CALLS = (
-    Call(("env", "kvshare", "keep"), (".carry/fullstack",)),
-    Call(("stage-piece1", "prefill-sweep"), (".carry/vllm/p1",)),
-    Call(("unpack", "vllm", "table"), (".carry/vllm/p2", ".carry/vllm/serve")),
-    Call(("kernels",)),
+    Call(("env", "kvshare", "keep-kvshare"), (".carry/fullstack",)),
+    Call(("stage-piece1", "kvshare-in-stub", "keep-kvshare-in-stub"), (".carry/vllm/p1",)),
+    Call(("unpack", "vllm", "serving", "serving-in-stub"), (".carry/vllm/p2", ".carry/vllm/serve")),
+    Call(("prefill-sweep", "kernels")),
 )
 
 SMOLLM2_SITE = "/tmp/kvshare-smollm2-site"
@@ -298,12 +318,14 @@ SUITES: tuple[Suite, ...] = (
     Suite("peer-serving",
           "kvshare through Triton (gRPC streaming) vs vLLM 0.25.0's `vllm serve` (OpenAI streaming), one load "
           "generator, same token-id prompts: mixed (ShareGPT-like) closed at 1/16/64 and open at 8-64 req/s, "
-          "shared-prefix closed at 64/256; tok/s, TTFT and ITL p50/p99, one plot; then the paged decode and "
-          "prefill kernels vs vLLM's FA3 on the same pages",
-          SERVING_STAGES, minutes=12, carry=(".carry/fullstack", ".carry/vllm/p1", ".carry/vllm/p2", ".carry/vllm/serve"),
+          "shared-prefix closed at 64/256; tok/s, TTFT and ITL p50/p99, one plot; kvshare twice, its engine in "
+          "a process of its own and inside the Triton stub; then the paged decode and prefill kernels vs "
+          "vLLM's FA3 on the same pages",
+          SERVING_STAGES, minutes=17, carry=(".carry/fullstack", ".carry/vllm/p1", ".carry/vllm/p2", ".carry/vllm/serve"),
           note="four consecutive commands on one warm machine (--call 1..4): the fullstack bundle (bash "
                "perf/server/make_fullstack_bundle.sh), vLLM's piece 1, piece 2 with the serving wheels (bash "
-               "perf/peer/build_serve_wheels.sh), nothing; 283 / 36 / 348 / 37 s on 2026-12-01",
+               "perf/peer/build_serve_wheels.sh), nothing; 283 / 36 / 348 / 37 s on 2026-12-01 with one "
+               "kvshare run (call 2 now holds the second)",
           calls=SERVING_CALLS),
     Suite("kv-dtype",
           "8-bit KV pages (kv_cache_dtype auto vs fp8_e4m3 vs int8), Llama-2-7B shape fp16: the kernel tests "

@@ -22,7 +22,8 @@ token ids by K (mod the vocabulary): runs on one server then share no prefix wit
 
 Reported: output tok/s over the window (first request sent -> last one done), requests/s, TTFT
 (sent -> first content) p50/p99, ITL (gap between content messages / tokens in the later one)
-p50/p99, end-to-end p50/p99, errors.
+p50/p99, end-to-end p50/p99, errors, and each client process's CPU seconds per wall second
+(client_cpu_per_s: near 1 or above, that process, not the server, set its streams' pace).
 """
 from __future__ import annotations
 
@@ -247,24 +248,32 @@ async def run_share(args: argparse.Namespace, share: Share) -> list[Outcome]:
     return _reindex(out, share.indices)
 
 
-def _run_share_in_process(args: argparse.Namespace, share: Share) -> list[Outcome]:
-    return asyncio.run(run_share(args, share))
+def _run_share_in_process(args: argparse.Namespace, share: Share) -> tuple[list[Outcome], float]:
+    """The share's outcomes and the CPU this client process spent per second of wall time while it
+    ran them (gRPC's own threads included): near 1.0 or above, the client paced its share, not the
+    server, and its ITL is the client's."""
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    outcomes = asyncio.run(run_share(args, share))
+    return outcomes, (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
 
 
-def run(args: argparse.Namespace, requests: list) -> list[Outcome]:
+def run(args: argparse.Namespace, requests: list) -> tuple[list[Outcome], list[float]]:
+    """Every request's outcome, in order, and each client process's CPU per wall second."""
     arrivals = poisson_arrivals(len(requests), args.rate, args.seed) if args.rate is not None else None
     processes = max(1, min(getattr(args, "processes", 1) or 1, len(requests)))
     if processes == 1:
-        return asyncio.run(run_share(args, Share(tuple(range(len(requests))), tuple(requests), args.concurrency,
-                                                 None if arrivals is None else tuple(arrivals))))
+        out, busy = _run_share_in_process(args, Share(tuple(range(len(requests))), tuple(requests), args.concurrency,
+                                                      None if arrivals is None else tuple(arrivals)))
+        return out, [busy]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     # spawn: gRPC's threads do not survive a fork. The shared start leaves the children time to import.
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         shares = split(requests, processes, args.concurrency, arrivals, time.perf_counter() + SPAWN_LEAD_S)
-        outs = list(pool.map(_run_share_in_process, [args] * len(shares), shares))
-    return sorted((o for out in outs for o in out), key=lambda o: o.index)
+        results = list(pool.map(_run_share_in_process, [args] * len(shares), shares))
+    outcomes = sorted((o for out, _ in results for o in out), key=lambda o: o.index)
+    return outcomes, [busy for _, busy in results]
 
 
 SPAWN_LEAD_S = 3.0   # seconds the open loop's children get to start before the first arrival
@@ -306,8 +315,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         requests = load_requests(args.workload, args.requests, args.output_tokens, args.trace, args.id_offset, args.vocab)
     except ValueError as exc:
         ap.error(str(exc))
-    outcomes = run(args, requests)
+    outcomes, client_busy = run(args, requests)
     summary = summarize(outcomes, sum(r.max_tokens for r in requests))
+    summary["client_cpu_per_s"] = [round(b, 3) for b in client_busy]
     summary.update(target=args.target, url=args.url, model=args.model, workload=args.trace or str(args.workload),
                    loop="open" if args.rate is not None else "closed", concurrency=args.concurrency, rate=args.rate,
                    seed=args.seed, processes=args.processes, id_offset=args.id_offset)

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -114,7 +114,7 @@ def run_points(python: str, target: str, url: str, model: str, out: Path, points
     subprocess.run(warm, env=env, cwd=ROOT, timeout=POINT_TIMEOUT_S)
     for i, p in enumerate(points):
         t0 = time.monotonic()
-        cmd = load_command(python, target, url, model, p, POINTS.index(p) if p in POINTS else i, out, vocab=vocab)
+        cmd = load_command(python, target, url, model, p, POINTS.index(BY_NAME[p.name]) if p.name in BY_NAME else i, out, vocab=vocab)
         print(f"[serving] {target} {p.name}: {p.requests} x {p.trace}, {p.loop} loop "
               f"({'c=' + str(p.concurrency) if p.concurrency else 'rate ' + str(p.rate) + '/s'}), "
               f"{p.processes} client process(es)", flush=True)
@@ -137,13 +137,14 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def selected(names: str) -> tuple[ServingPoint, ...]:
-    if not names:
-        return POINTS
-    unknown = [n for n in names.split(",") if n not in BY_NAME]
+def selected(names: str, processes: Optional[int] = None) -> tuple[ServingPoint, ...]:
+    unknown = [n for n in names.split(",") if n not in BY_NAME] if names else []
     if unknown:
         raise SystemExit(f"--points: unknown {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
-    return tuple(BY_NAME[n] for n in names.split(","))
+    if processes is not None and processes < 1:
+        raise SystemExit(f"--processes must be >= 1, got {processes}")
+    points = tuple(BY_NAME[n] for n in names.split(",")) if names else POINTS
+    return points if processes is None else tuple(replace(p, processes=processes) for p in points)
 
 
 # ------------------------------------------------------------------ kvshare through Triton
@@ -179,8 +180,9 @@ def cmd_kvshare(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     http, grpc, metrics = free_ports(3)
     pid_file = out / "kvshare-server.pid"
-    # KVSHARE_* already set win (a CPU check: KVSHARE_DEVICE=cpu KVSHARE_MODEL=dummy:tiny-llama ...)
-    env = {**kvshare_env(), **os.environ}
+    # KVSHARE_* already set win (a CPU check: KVSHARE_DEVICE=cpu KVSHARE_MODEL=dummy:tiny-llama ...);
+    # an engine process (KVSHARE_ENGINE_PROCESS=on) runs on the server's own virtualenv
+    env = {**kvshare_env(), "KVSHARE_ENGINE_PYTHON": py, **os.environ}
     server = [py, str(ROOT / "perf/server/fullstack_server.py")]
     rc = subprocess.run([*server, "start", "--ports", f"{http},{grpc},{metrics}", "--models", "llm_engine",
                          "--log", str(out / "kvshare-server.log"), "--pid-file", str(pid_file),
@@ -188,7 +190,7 @@ def cmd_kvshare(args: argparse.Namespace) -> int:
     if rc != 0:
         return rc
     try:
-        failed = run_points(py, "triton", f"127.0.0.1:{grpc}", "llm_engine", out, selected(args.points), args.vocab)
+        failed = run_points(py, "triton", f"127.0.0.1:{grpc}", "llm_engine", out, selected(args.points, args.processes), args.vocab)
     finally:
         subprocess.run([*server, "stop", "--pid-file", str(pid_file)], cwd=ROOT)
     return 1 if failed else 0
@@ -256,14 +258,14 @@ def cmd_vllm(args: argparse.Namespace) -> int:
         print(f"[serving] vllm serve ready after {time.monotonic() - t0:.1f} s", flush=True)
         load_python = env_python(args.load_env) if args.load_env else sys.executable
         failed = run_points(load_python, "openai", f"http://127.0.0.1:{port}", MODEL, out,
-                            selected(args.points))
+                            selected(args.points, args.processes))
     finally:
         print(f"[serving] vllm serve: {stop_process_group(proc)}", flush=True)
     return 1 if failed else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    for i, p in enumerate(selected(args.points)):
+    for i, p in enumerate(selected(args.points, args.processes)):
         loop = f"c={p.concurrency}" if p.concurrency is not None else f"rate {p.rate}/s"
         print(f"{p.name:22s} {p.requests:4d} x {p.trace:14s} {p.loop:6s} {loop:12s} {p.processes} proc, "
               f"ids + {id_offset(i)}")
@@ -278,6 +280,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name in ("kvshare", "vllm", "plan"):
         p = sub.add_parser(name)
         p.add_argument("--points", default="", help="comma-separated point names (default: all)")
+        p.add_argument("--processes", type=int, default=None,
+                       help="client processes at every point instead of each point's own (serving_load's "
+                            "client_cpu_per_s near 1 says a process paced its streams)")
         if name != "plan":
             p.add_argument("--out", type=Path, required=True)
     sub.choices["kvshare"].add_argument("--vocab", type=int, default=None,

@@ -42,13 +42,31 @@ def test_both_servers_get_the_same_load_but_the_target():
     assert serving.kvshare_env()["KVSHARE_MAX_MODEL_LEN"] == cmd[cmd.index("--max-model-len") + 1]
 
 
+def test_processes_override_every_selected_point_and_keeps_their_ids():
+    points = serving.selected("mixed-c64,mixed-c1", processes=8)
+    assert [(p.name, p.processes) for p in points] == [("mixed-c64", 8), ("mixed-c1", 8)]
+    assert serving.selected("", None) == serving.POINTS and serving.selected("mixed-c16")[0].processes == 2
+    for bad in (dict(names="nope"), dict(names="mixed-c1", processes=0)):
+        with pytest.raises(SystemExit, match="points|processes"):
+            serving.selected(bad["names"], bad.get("processes"))
+
+
 def test_the_suite_runs_both_servers_in_four_calls():
     s = BY_NAME["peer-serving"]
     stages = {st.name: st for st in s.stages}
-    assert [c.stages for c in s.calls] == [("env", "kvshare", "keep"), ("stage-piece1", "prefill-sweep"),
-                                           ("unpack", "vllm", "table"), ("kernels",)]
+    assert [c.stages for c in s.calls] == [("env", "kvshare", "keep-kvshare"),
+                                           ("stage-piece1", "kvshare-in-stub", "keep-kvshare-in-stub"),
+                                           ("unpack", "vllm", "serving", "serving-in-stub"),
+                                           ("prefill-sweep", "kernels")]
     assert s.calls[0].carry == (".carry/fullstack",) and ".carry/vllm/p2" in s.calls[2].carry
     assert "--load-env" in stages["vllm"].cmd and stages["vllm"].needs == ("unpack",)
+    # both engine modes in one lease, each with its own table beside the same vllm serve run
+    assert dict(stages["kvshare"].env)["KVSHARE_ENGINE_PROCESS"] == "on"
+    assert dict(stages["kvshare-in-stub"].env)["KVSHARE_ENGINE_PROCESS"] == "off"
+    kept = [stages["serving"].cmd[stages["serving"].cmd.index("--kvshare") + 1],
+            stages["serving-in-stub"].cmd[stages["serving-in-stub"].cmd.index("--kvshare") + 1]]
+    assert len(set(kept)) == 2 and all(k in " ".join(stages[f"keep-{n}"].cmd) for k, n in
+                                       zip(kept, ("kvshare", "kvshare-in-stub")))
     assert all(st.limit_s <= 540 for st in s.stages)
     for c in s.calls:   # each call is one device command of at most 10 minutes
         assert sum(stages[n].limit_s for n in c.stages) <= 590, c

@@ -210,3 +210,4 @@ def test_two_client_processes_send_every_request_once(tmp_path):
         assert [r["index"] for r in data["requests"]] == list(range(7))
         assert data["summary"]["output_tokens"] == data["summary"]["expected_tokens"] == sum(2 + i % 3 for i in range(7))
         assert data["summary"]["processes"] == 2 and data["summary"]["window_s"] < 20
+        assert len(data["summary"]["client_cpu_per_s"]) == 2 and all(b > 0 for b in data["summary"]["client_cpu_per_s"])

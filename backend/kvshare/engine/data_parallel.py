@@ -139,7 +139,9 @@ class EngineGroup:
         tick = (lambda i: (lambda engine: on_tick(EngineTick.of(i, engine)))) if on_tick is not None else (lambda i: None)
         self._on_route = on_route
         # max_in_flight is per engine: each has its own pool and queue
-        self.loops = [EngineLoop(e, on_tick=tick(i), max_in_flight=max_in_flight, faults=faults, serving=serving)
+        self.loops = [EngineLoop(e, on_tick=tick(i), max_in_flight=max_in_flight, faults=faults, serving=serving,
+                                 step_log_s=e.config.step_log_interval_s,
+                                 label=f"engine {i}: " if len(self.engines) > 1 else "")
                       for i, e in enumerate(self.engines)]
         self._lock = threading.Lock()
         self._members_left: dict[str, int] = {}     # route id -> members not finished yet

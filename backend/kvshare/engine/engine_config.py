@@ -62,6 +62,9 @@ class EngineConfig:
     # leave the engine thread more of the stub's GIL (docs/server-path.md).
     stream_interval: int = 1
     debug_checks: bool = False            # check the pool's integrity after every step
+    # Server only: while it has work the engine loop logs its step periods by kind this often
+    # (engine/step_meter.py), as vLLM logs its throughput every 10 s; 0 = never.
+    step_log_interval_s: float = 10.0
     cuda_graphs: bool = True              # CUDA only: replay captured graphs for decode-only steps
     # CUDA only, with cuda_graphs: steps of up to this many tokens that hold a prefill chunk (beside
     # decode rows or not) replay a graph captured for the next size of a token ladder; longer steps

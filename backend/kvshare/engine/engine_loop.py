@@ -28,6 +28,7 @@ from .cancel_probes import CancelProbes
 from .engine import LLMEngine
 from .faults import FaultInjector
 from .outputs import RequestOutput
+from .step_meter import StepMeter
 
 log = logging.getLogger("kvshare.engine")
 
@@ -57,8 +58,10 @@ class EngineLoop:
     def __init__(self, engine: LLMEngine, *, cancel_poll_s: float = 0.05, idle_tick_s: float = 0.5,
                  on_tick: Callable[[LLMEngine], None] | None = None, max_in_flight: int | None = None,
                  faults: FaultInjector | None = None, serving: Callable[[], bool] | None = None,
-                 serving_poll_s: float = 0.5):
+                 serving_poll_s: float = 0.5, step_log_s: float = 0.0, label: str = ""):
         self.engine = engine
+        self._step_log_s = step_log_s   # log the steps' periods this often (step_meter.py); 0 = never
+        self._label = label             # "engine 1: " beside others in one process, else empty
         self._faults = faults          # tests only (faults.py): slow steps
         self._serving = serving
         self._serving_poll_s = serving_poll_s
@@ -147,13 +150,25 @@ class EngineLoop:
     # -- engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
         last_tick = time.monotonic()
+        meter = StepMeter(self._step_log_s, last_tick)
+        step_start, shape = None, None
         while not self._stopping.is_set():
             try:
-                self._drain_inbox(block=not self.engine.has_work)
+                waited = not self.engine.has_work
+                self._drain_inbox(block=waited)
                 now = time.monotonic()
                 was_busy = self.engine.has_work
                 if was_busy:
+                    if meter.interval_s > 0:
+                        if step_start is not None and not waited:
+                            meter.add(shape, now - step_start)    # the last step's period: start to start
+                        step_start = now
                     self._step()
+                    if meter.interval_s > 0:
+                        shape = self.engine.last_step
+                line = meter.report(now)
+                if line is not None:
+                    log.info("%ssteps: %s", self._label, line)
             except Exception as exc:
                 # Whatever raised (a step, an add, a cancel), the thread lives on: a dead engine thread
                 # would leave every request in flight, and every later one, without a final response.

@@ -123,6 +123,9 @@ class LLMEngineModel:
                                     args.get("model_instance_device_id", "0"))
         if config.stream_interval < 1:
             raise pb_utils.TritonModelException(f"stream_interval must be >= 1, got {config.stream_interval}")
+        if not config.step_log_interval_s >= 0:
+            raise pb_utils.TritonModelException(f"step_log_interval_s must be >= 0 (0: no step log), "
+                                                f"got {config.step_log_interval_s}")
         parallel = parallel_config_from(model_config)
         step_threads = None
         if config.device == "cpu":
