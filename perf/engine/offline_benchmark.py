@@ -35,6 +35,7 @@ from perf.engine.step_profile import StepProfile, format_summary  # noqa: E402
 from kvshare.core.types import PoolStats  # noqa: E402
 from kvshare.engine.engine import LLMEngine  # noqa: E402
 from kvshare.engine.engine_config import EngineConfig  # noqa: E402
+from kvshare.engine.engine_loop import EngineLoop, Submission  # noqa: E402
 from kvshare.engine.gc_tuning import freeze_startup_heap, thaw  # noqa: E402
 from kvshare.runtime.weights import LoadedModel, load_model  # noqa: E402
 from kvshare.sampling_params import SamplingParams  # noqa: E402
@@ -134,6 +135,83 @@ def warm_up(engine: LLMEngine, trace: Trace, vocab: int) -> None:
             engine.step()
 
 
+def request_params(args, r) -> SamplingParams:
+    """Greedy (or --temperature), EOS ignored; --min-tokens also forces the length with min_tokens, as
+    the serving load (perf/load/serving_load.py) asks both servers to."""
+    return SamplingParams(max_tokens=r.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                          ignore_eos=True, min_tokens=r.max_new_tokens if args.min_tokens else 0)
+
+
+def drive_steps(engine: LLMEngine, requests, params: Callable, concurrency: int,
+                profile: StepProfile | None) -> tuple[int, list[float], int]:
+    """Closed loop on this thread: add requests while fewer than `concurrency` are in flight, step.
+    Returns (output tokens, TTFTs in s, peak active pages)."""
+    pending = list(requests)
+    in_flight: set[str] = set()
+    arrival: dict[str, float] = {}
+    ttft: list[float] = []
+    first_seen: set[str] = set()
+    out_tokens = peak = 0
+    while pending or in_flight:
+        while pending and len(in_flight) < concurrency:
+            r = pending.pop(0)
+            rid = str(r.request_id)
+            engine.add_request(rid, list(r.prompt_ids), params(r))
+            arrival[rid] = time.perf_counter()
+            in_flight.add(rid)
+        t_step = time.perf_counter()
+        outputs = engine.step()
+        if profile is not None:
+            profile.add(engine.last_step, time.perf_counter() - t_step)
+        for o in outputs:
+            out_tokens += len(o.token_ids)
+            if o.token_ids and o.request_id not in first_seen:
+                first_seen.add(o.request_id)
+                ttft.append(time.perf_counter() - arrival[o.request_id])
+            if o.finished:
+                in_flight.discard(o.request_id)
+        peak = max(peak, engine.stats().pool.active)
+    return out_tokens, ttft, peak
+
+
+def drive_engine_loop(engine: LLMEngine, requests, params: Callable, concurrency: int,
+                      step_log_s: float) -> tuple[int, list[float], None]:
+    """The same closed loop through the server's engine thread (EngineLoop) without Triton: this
+    thread submits as Triton's execute() does and reads each step's outputs from a batch sink's
+    queue as the response pump does, so the loop's own cost shows beside drive_steps'. The loop logs
+    its step periods by kind every step_log_s (engine/step_meter.py). Peak pages are not read (the
+    pool belongs to the engine thread)."""
+    import queue
+
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    loop = EngineLoop(engine, step_log_s=step_log_s)
+    pending = list(requests)
+    arrival: dict[str, float] = {}
+    ttft: list[float] = []
+    first_seen: set[str] = set()
+    in_flight = out_tokens = 0
+    try:
+        while pending or in_flight:
+            while pending and in_flight < concurrency:
+                r = pending.pop(0)
+                rid = str(r.request_id)
+                arrival[rid] = time.perf_counter()
+                loop.submit(Submission(rid, list(r.prompt_ids), params(r), "", False, None, None, batch_sink=done.put))
+                in_flight += 1
+            for o in done.get():
+                out_tokens += len(o.token_ids)
+                if o.token_ids and o.request_id not in first_seen:
+                    first_seen.add(o.request_id)
+                    ttft.append(time.perf_counter() - arrival[o.request_id])
+                if o.finished:
+                    in_flight -= 1
+                    if o.error:
+                        raise RuntimeError(f"request {o.request_id}: {o.error}")
+    finally:
+        loop.shutdown()
+    return out_tokens, ttft, None
+
+
 def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label: str) -> Row:
     concurrency = len(trace.requests) if args.open_loop else (trace.concurrency or 64)
     # every run starts with an empty disk tier of its own (a warm one would serve the previous run's pages)
@@ -169,36 +247,15 @@ def _run_kvshare(loaded: LoadedModel, trace: Trace, args, sharing: bool, label: 
     freeze_startup_heap()   # as the server does: no full GC walks over the weights' objects per step
     # The warm-up's second pass hits the cache by design; the row's hit rate counts the timed requests only.
     warm = engine.stats().pool
-    pending = list(trace.requests)
-    in_flight: set[str] = set()
-    arrival: dict[str, float] = {}
-    ttft: list[float] = []
-    first_seen: set[str] = set()
-    out_tokens = peak = 0
     device = torch.device(args.device)
-    profile = StepProfile() if args.step_profile else None
+    profile = StepProfile() if args.step_profile and not args.engine_loop else None
+    params = partial(request_params, args)
     _sync(device)
     start = time.perf_counter()
-    while pending or in_flight:
-        while pending and len(in_flight) < concurrency:
-            r = pending.pop(0)
-            rid = str(r.request_id)
-            engine.add_request(rid, list(r.prompt_ids), SamplingParams(
-                max_tokens=r.max_new_tokens, temperature=args.temperature, top_k=args.top_k, ignore_eos=True))
-            arrival[rid] = time.perf_counter()
-            in_flight.add(rid)
-        t_step = time.perf_counter()
-        outputs = engine.step()
-        if profile is not None:
-            profile.add(engine.last_step, time.perf_counter() - t_step)
-        for o in outputs:
-            out_tokens += len(o.token_ids)
-            if o.token_ids and o.request_id not in first_seen:
-                first_seen.add(o.request_id)
-                ttft.append(time.perf_counter() - arrival[o.request_id])
-            if o.finished:
-                in_flight.discard(o.request_id)
-        peak = max(peak, engine.stats().pool.active)
+    if args.engine_loop:
+        out_tokens, ttft, peak = drive_engine_loop(engine, trace.requests, params, concurrency, args.step_log_s)
+    else:
+        out_tokens, ttft, peak = drive_steps(engine, trace.requests, params, concurrency, profile)
     _sync(device)
     secs = time.perf_counter() - start
     steps = profile.summary(secs) if profile is not None else None
@@ -210,7 +267,7 @@ def _run_kvshare(loaded: LoadedModel, trace: Trace, args, sharing: bool, label: 
     del engine
     thaw()
     row = Row(trace.name, label, len(trace.requests), out_tokens, secs, out_tokens / secs, _pct(ttft, 0.5),
-              _pct(ttft, 0.95), peak, hit_rate_since(warm, pool), round(peak * page_bytes / 1e9, 2), steps,
+              _pct(ttft, 0.95), peak, hit_rate_since(warm, pool), None if peak is None else round(peak * page_bytes / 1e9, 2), steps,
               prompt_tokens_computed=computed_since(warm, pool), tiers=tiers_since(warm, pool))
     print(f"   {label}: {row.prompt_tokens_computed:,} prompt tokens computed"
           + (f"; tiers {row.tiers}" if row.tiers else ""), flush=True)
@@ -384,12 +441,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="run each kvshare row N times and keep the one with the median tok/s")
     ap.add_argument("--cpu-weights", default="blocks", choices=["blocks", "fp32"],
                     help="CPU, a GGUF model: its linear layers in the file's blocks (the engine's default) or fp32")
+    ap.add_argument("--min-tokens", action="store_true",
+                    help="requests also set min_tokens = max_tokens (what the serving load sends both servers)")
+    ap.add_argument("--engine-loop", action="store_true",
+                    help="drive the engine through the server's engine thread (EngineLoop, a batch sink, no "
+                         "Triton) instead of stepping it here; its step periods are logged by kind")
+    ap.add_argument("--step-log-s", type=float, default=2.0,
+                    help="with --engine-loop: the loop's step-period log interval in seconds")
     ap.add_argument("--step-profile", action="store_true",
                     help="time every engine step; print seconds per step kind (prefill, mixed, decode per path)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
+    if args.engine_loop:    # the loop's step meter logs at INFO (kvshare.engine)
+        import logging
+
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("kvshare.engine").setLevel(logging.INFO)
     args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
     args.kv_gb = args.kv_gb or (40.0 if args.device.startswith("cuda") else 1.0)
     if args.device == "cpu":
@@ -411,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"host {args.host_cache_gb:g} GB" + ("" if args.host_min_hits == 1 else f" min hits {args.host_min_hits}")
                 if args.host_cache_gb else "",
                 f"disk {args.disk_cache_gb:g} GB" if args.disk_cache_dir else "",
-                f"T={args.temperature:g}" if args.temperature else "", f"top-k {args.top_k}" if args.top_k else ""]
+                f"T={args.temperature:g}" if args.temperature else "", f"top-k {args.top_k}" if args.top_k else "",
+                "min_tokens" if args.min_tokens else "", "engine loop" if args.engine_loop else ""]
 
     try:
         mixed_graphs = [int(x) for x in args.mixed_graphs.split(",") if x] or [None]

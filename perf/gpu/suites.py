@@ -263,8 +263,15 @@ SUITES: tuple[Suite, ...] = (
            # graphs, steps that mix prefill chunks with decodes in their graphs or eagerly), offline,
            # 64 in flight, mixed-step graphs on and off
            offline("mixed", 200, "--workloads", "mixed:200:", "--baselines", "", "--max-running", "64",
-                   "--max-model-len", "4096", "--step-profile", "--mixed-graphs", "1024,0,1024,0")),
-          minutes=5),
+                   "--max-model-len", "4096", "--step-profile", "--mixed-graphs", "1024,0,1024,0"),
+           # the server's share of that gap, taken apart without Triton: the same trace at 64 in
+           # flight with the serving run's limits (256 sequences), stepped here or through the
+           # server's engine thread (EngineLoop), with and without the load's min_tokens
+           *(offline(f"gap-{name}", 120, "--workloads", "mixed:200:", "--baselines", "", "--max-running", "256",
+                     "--max-model-len", "4096", "--kv-gb", "100", *extra)
+             for name, extra in (("steps", ()), ("steps-min-tokens", ("--min-tokens",)),
+                                 ("loop", ("--engine-loop",)), ("loop-min-tokens", ("--engine-loop", "--min-tokens"))))),
+          minutes=8),
     Suite("tier",
           "the KV tiers: shared-prefix (512 requests, all 64 system prompts, delay 8) in a 20 GB pool too small "
           "for them, with no tier, with 16 GB of host pages, and with the same host tier over a 32 GB disk tier "
