@@ -270,8 +270,11 @@ SUITES: tuple[Suite, ...] = (
            *(offline(f"gap-{name}", 120, "--workloads", "mixed:200:", "--baselines", "", "--max-running", "256",
                      "--max-model-len", "4096", "--kv-gb", "100", *extra)
              for name, extra in (("steps", ()), ("steps-min-tokens", ("--min-tokens",)),
-                                 ("loop", ("--engine-loop",)), ("loop-min-tokens", ("--engine-loop", "--min-tokens"))))),
-          minutes=8),
+                                 ("loop", ("--engine-loop",)), ("loop-min-tokens", ("--engine-loop", "--min-tokens")))),
+           # where a step waits for the GPU (overlap scheduling hides host work only while nothing does)
+           Stage("syncs", (PY, "perf/engine/check_step_syncs.py", "--min-tokens", "--json", "{out}/syncs.json"), 150,
+                 ("syncs.json",))),
+          minutes=9),
     Suite("tier",
           "the KV tiers: shared-prefix (512 requests, all 64 system prompts, delay 8) in a 20 GB pool too small "
           "for them, with no tier, with 16 GB of host pages, and with the same host tier over a 32 GB disk tier "

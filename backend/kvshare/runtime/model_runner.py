@@ -17,6 +17,7 @@ import torch
 
 from .cascade_planner import CascadePolicy, plan_shared_prefixes
 from .cuda_graph_runner import CudaGraphRunner, resolve_future_ids
+from .end_id_ban import EndIdBan
 from .forward_batch import build_forward_batch, to_device
 from .kv_cache import KVCache
 from .llama import LlamaModel
@@ -77,6 +78,7 @@ class ModelRunner:
         self._host_slots = [torch.zeros(max_rows, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
         self._slot = 0
+        self._end_ban = EndIdBan(sampler.eos, max_rows, device)    # min_tokens, the model's end ids
         self.transfer = PageTransfer(kv, device)   # host tier moves on their own stream (CUDA)
         self.last_path = "none"       # graph | cascade-graph | mixed-graph | cascade | eager (step profiles)
         self.cascade = cascade        # None: every decode reads each row's pages itself
@@ -170,7 +172,9 @@ class ModelRunner:
         """
         n = sum(1 for c in chunks if c.sampling is not None)
         logits, greedy = self._forward(chunks, n)
-        if end_bans:
+        if end_bans and self._end_ban.covers(end_bans):
+            ids = self._end_ban.argmax(logits[:n], [row for row, _ in end_bans])
+        elif end_bans:
             ids = self._argmax_without_ends(logits[:n], end_bans)
         else:
             ids = greedy if greedy is not None else logits.argmax(dim=-1)

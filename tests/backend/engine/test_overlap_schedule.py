@@ -218,3 +218,22 @@ def test_min_tokens_keeps_the_overlap_path_and_bans_end_ids_until_reached():
     while engine.has_work:
         engine.step()
     assert [bool(b) for b in launched] == [True] * 5 + [False] * 3     # every draw overlapped; the ban lifts at 5
+
+
+def test_min_tokens_on_the_models_end_ids_takes_the_device_row_mask():
+    """Rows under min_tokens that ban only the model's end ids (the serving load's and genai-perf's
+    requests) go through EndIdBan's per-row mask, and give the synchronous sampler's tokens."""
+    base = prompts(5, 9, seed=11)
+    reqs = [(f"m{i}", p, SamplingParams(max_tokens=9, temperature=0.0, min_tokens=2 + i, ignore_eos=i % 2 == 0))
+            for i, p in enumerate(base)]
+    sync, over = both(reqs)
+    assert over == sync
+    engine = make_engine(True)
+    for rid, p, params in reqs:
+        engine.add_request(rid, p, params)
+    masked = []
+    real = engine.runner._end_ban.argmax
+    engine.runner._end_ban.argmax = lambda logits, rows: masked.append(list(rows)) or real(logits, rows)
+    while engine.has_work:
+        engine.step()
+    assert masked and masked[0] == list(range(len(base)))     # every row starts under its minimum
