@@ -279,7 +279,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("kvshare", "vllm", "plan"):
         p = sub.add_parser(name)
-        p.add_argument("--points", default="", help="comma-separated point names (default: all)")
+        p.add_argument("--points", default=os.environ.get("SERVING_POINTS", ""),
+                       help="comma-separated point names (default: $SERVING_POINTS, else all; the variable "
+                            "reaches the suite's stages: a shorter lease of `perf.gpu peer-serving`)")
         p.add_argument("--processes", type=int, default=None,
                        help="client processes at every point instead of each point's own (serving_load's "
                             "client_cpu_per_s near 1 says a process paced its streams)")

@@ -115,3 +115,10 @@ def test_report_table_goals_and_plot(tmp_path):
 
 def test_report_refuses_two_empty_folders(tmp_path):
     assert serving_report.main(["--kvshare", str(tmp_path), "--vllm", str(tmp_path)]) == 1
+
+
+def test_serving_points_variable_sets_the_default_points(monkeypatch):
+    monkeypatch.setenv("SERVING_POINTS", "mixed-c1,mixed-r64")
+    out = []
+    monkeypatch.setattr(serving, "cmd_plan", lambda args: out.append(args.points) or 0)
+    assert serving.main(["plan"]) == 0 and out == ["mixed-c1,mixed-r64"]
