@@ -253,7 +253,8 @@ SUITES: tuple[Suite, ...] = (
     Suite("profile",
           "where a step's time goes: decode graph replay vs kernels at batch 64 and 256, fixed-256's prefill "
           "phase (host and kernels), shared-prefix cascade and mixed steps at 16x16 and 32x8, the mixed "
-          "trace's steps by kind at 64 in flight",
+          "trace's steps by kind at 64 in flight; the serving gap taken apart (gap-*: the same trace stepped "
+          "directly or through the server's engine thread, with and without the load's min_tokens)",
           (profiler("decode", "profile_decode.py", 150, result="profile_decode.json"),
            profiler("prefill", "profile_prefill.py", 150, result="profile_prefill.json"),
            profiler("shared-prefix-16x16", "profile_shared_prefix.py", 150, result="profile_shared_prefix.json"),
@@ -270,11 +271,8 @@ SUITES: tuple[Suite, ...] = (
            *(offline(f"gap-{name}", 120, "--workloads", "mixed:200:", "--baselines", "", "--max-running", "256",
                      "--max-model-len", "4096", "--kv-gb", "100", *extra)
              for name, extra in (("steps", ()), ("steps-min-tokens", ("--min-tokens",)),
-                                 ("loop", ("--engine-loop",)), ("loop-min-tokens", ("--engine-loop", "--min-tokens")))),
-           # where a step waits for the GPU (overlap scheduling hides host work only while nothing does)
-           Stage("syncs", (PY, "perf/engine/check_step_syncs.py", "--min-tokens", "--json", "{out}/syncs.json"), 150,
-                 ("syncs.json",))),
-          minutes=9),
+                                 ("loop", ("--engine-loop",)), ("loop-min-tokens", ("--engine-loop", "--min-tokens"))))),
+          minutes=8),
     Suite("tier",
           "the KV tiers: shared-prefix (512 requests, all 64 system prompts, delay 8) in a 20 GB pool too small "
           "for them, with no tier, with 16 GB of host pages, and with the same host tier over a 32 GB disk tier "
