@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, replace
@@ -105,15 +106,20 @@ def load_env() -> dict[str, str]:
 
 
 def run_points(python: str, target: str, url: str, model: str, out: Path, points: Sequence[ServingPoint],
-               vocab: Optional[int] = None) -> int:
+               vocab: Optional[int] = None, spans: Optional[list] = None) -> int:
+    """The warm-up, then every point; returns how many failed. spans, when given, receives
+    (name, wall-clock start, end) of the warm-up and of each point."""
     out.mkdir(parents=True, exist_ok=True)
     env = load_env()
     failed = 0
     warm = load_command(python, target, url, model, WARMUP, -1, out, WARMUP_TOKENS, vocab)
     print(f"[serving] warm-up: {' '.join(warm[1:])}", flush=True)
+    started = time.time()
     subprocess.run(warm, env=env, cwd=ROOT, timeout=POINT_TIMEOUT_S)
+    if spans is not None:
+        spans.append((WARMUP.name, started, time.time()))
     for i, p in enumerate(points):
-        t0 = time.monotonic()
+        t0, started = time.monotonic(), time.time()
         cmd = load_command(python, target, url, model, p, POINTS.index(BY_NAME[p.name]) if p.name in BY_NAME else i, out, vocab=vocab)
         print(f"[serving] {target} {p.name}: {p.requests} x {p.trace}, {p.loop} loop "
               f"({'c=' + str(p.concurrency) if p.concurrency else 'rate ' + str(p.rate) + '/s'}), "
@@ -123,8 +129,24 @@ def run_points(python: str, target: str, url: str, model: str, out: Path, points
         except subprocess.TimeoutExpired:
             rc = 124
         failed += rc != 0
+        if spans is not None:
+            spans.append((p.name, started, time.time()))
         print(f"[serving] {p.name} rc={rc} in {time.monotonic() - t0:.1f} s", flush=True)
     return failed
+
+
+def late_compiles(cache_dir: Path, ready: float, spans: Sequence[tuple[str, float, float]]) -> list[dict]:
+    """Triton kernels compiled once the server was ready, from the JIT cache's files (a <kernel>.json
+    per compiled variant), each with the warm-up or point it fell in: every such compile holds every
+    stream while it runs (~0.4 s for the page copy on the H200, docs/server-path.md)."""
+    out = []
+    for path in cache_dir.rglob("*.json"):
+        at = path.stat().st_mtime
+        if path.name.startswith("__grp") or at <= ready:
+            continue
+        during = next((name for name, start, end in spans if start <= at <= end), "between points")
+        out.append({"kernel": path.stem, "after_ready_s": round(at - ready, 2), "during": during})
+    return sorted(out, key=lambda c: c["after_ready_s"])
 
 
 def free_ports(n: int) -> list[int]:
@@ -183,16 +205,25 @@ def cmd_kvshare(args: argparse.Namespace) -> int:
     # KVSHARE_* already set win (a CPU check: KVSHARE_DEVICE=cpu KVSHARE_MODEL=dummy:tiny-llama ...);
     # an engine process (KVSHARE_ENGINE_PROCESS=on) runs on the server's own virtualenv
     env = {**kvshare_env(), "KVSHARE_ENGINE_PYTHON": py, **os.environ}
+    # A JIT cache of this run's own: the kernels compiled once the server is ready can be read from it.
+    cache = Path(env.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="kvshare-serving-triton-")))
     server = [py, str(ROOT / "perf/server/fullstack_server.py")]
     rc = subprocess.run([*server, "start", "--ports", f"{http},{grpc},{metrics}", "--models", "llm_engine",
                          "--log", str(out / "kvshare-server.log"), "--pid-file", str(pid_file),
                          "--ready-timeout", "240"], env=env, cwd=ROOT).returncode
     if rc != 0:
         return rc
+    ready, spans = time.time(), []
     try:
-        failed = run_points(py, "triton", f"127.0.0.1:{grpc}", "llm_engine", out, selected(args.points, args.processes), args.vocab)
+        failed = run_points(py, "triton", f"127.0.0.1:{grpc}", "llm_engine", out, selected(args.points, args.processes),
+                            args.vocab, spans)
     finally:
         subprocess.run([*server, "stop", "--pid-file", str(pid_file)], cwd=ROOT)
+    late = late_compiles(cache, ready, spans)
+    (out / "late-compiles.json").write_text(json.dumps(late, indent=1))
+    print(f"[serving] {len(late)} kernel(s) compiled after the server was ready, "
+          f"{sum(c['during'] != WARMUP.name for c in late)} of them past the warm-up: "
+          + (", ".join(f"{c['kernel']} ({c['during']})" for c in late) or "none"), flush=True)
     return 1 if failed else 0
 
 

@@ -122,3 +122,24 @@ def test_serving_points_variable_sets_the_default_points(monkeypatch):
     out = []
     monkeypatch.setattr(serving, "cmd_plan", lambda args: out.append(args.points) or 0)
     assert serving.main(["plan"]) == 0 and out == ["mixed-c1,mixed-r64"]
+
+
+def test_late_compiles_are_the_cache_files_written_after_ready_each_with_its_point(tmp_path):
+    import os
+
+    def compiled(name, at):
+        path = tmp_path / name[:3] / f"{name}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("{}")
+        os.utime(path, (at, at))
+
+    compiled("_prefill_kernel", 90.0)           # at start-up, before ready
+    compiled("_rotary_kernel", 101.0)           # in the warm-up
+    compiled("_copy_pages_kernel", 125.5)       # in a point
+    compiled("__grp___copy_pages_kernel", 125.5)
+    compiled("_decode_split_kernel", 140.0)     # between points
+    spans = [("warmup", 100.0, 102.0), ("mixed-c64", 110.0, 121.0), ("mixed-r32", 122.0, 139.0)]
+    late = serving.late_compiles(tmp_path, 100.0, spans)
+    assert late == [{"kernel": "_rotary_kernel", "after_ready_s": 1.0, "during": "warmup"},
+                    {"kernel": "_copy_pages_kernel", "after_ready_s": 25.5, "during": "mixed-r32"},
+                    {"kernel": "_decode_split_kernel", "after_ready_s": 40.0, "during": "between points"}]

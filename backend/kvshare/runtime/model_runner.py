@@ -105,6 +105,11 @@ class ModelRunner:
                                                  self._prefill_tile_tokens, device,
                                                  future_ids=self.last_ids if overlap else None)
             self.mixed_graphs.capture()
+        if device.type == "cuda" and mirror is None and kv.num_pages >= 2:
+            # Triton compiles a kernel at its first launch. Copy-on-write's first page copy, mid-way
+            # through a serving run, held every stream ~0.4 s on the H200 (docs/server-path.md), so
+            # it is compiled here. Both pages are free and zero at start-up: zeros over zeros.
+            self.copy_pages([(0, 1)])
 
     def transfer_pages(self, spills: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]]) -> None:
         """The host tier's moves, before the step's copies and forward: spills (GPU page -> host slot)

@@ -81,3 +81,16 @@ def test_cascade_graphs_equal_plain_graphs_on_shared_prompts():
     plain, plain_paths = run(False)
     assert paths["cascade-graph"] > 0 and plain_paths["cascade-graph"] == 0
     assert with_cascade == plain
+
+
+def test_the_page_copy_kernel_runs_at_start_up_and_leaves_the_pool_zero(monkeypatch):
+    """Copy-on-write's kernel is launched once while the engine starts (its JIT compile mid-serving
+    stalled every stream), copying free page 0 over free page 1: the pool stays all zeros."""
+    from kvshare.runtime.model_runner import ModelRunner
+
+    calls = []
+    real = ModelRunner.copy_pages
+    monkeypatch.setattr(ModelRunner, "copy_pages", lambda self, copies: calls.append(list(copies)) or real(self, copies))
+    e = LLMEngine(EngineConfig(model="dummy:tiny-llama", device="cuda", num_pages=32, page_size=4, max_running=4))
+    assert calls == [[(0, 1)]]
+    assert all(int(t.count_nonzero()) == 0 for t in e.kv.page_tensors())
