@@ -9,7 +9,10 @@ requests in flight; output lengths forced, EOS ignored). HF `generate` runs them
 of `concurrency` (seed 000's baseline); `generate_batch` is HF's own continuous batching.
 Prints output tok/s, TTFT p50/p95, peak KV pages and the ratios; --json writes the rows.
 --repeat N runs each kvshare row N times and keeps the run with the median tok/s, so that one slow
-run does not make the row (the JSON keeps every run's figure).
+run does not make the row (the JSON keeps every run's figure). --min-tokens sends the serving load's
+parameters (min_tokens = max_tokens); --engine-loop drives the engine through the server's engine
+thread instead of stepping it here: together they take a serving gap apart without Triton
+(docs/server-path.md).
 """
 from __future__ import annotations
 
