@@ -20,6 +20,7 @@ class EndIdBan:
         self._cols = torch.tensor(sorted(self.end_ids), dtype=torch.long, device=device)
         pin = device.type == "cuda"
         self._host = [torch.zeros(max_rows, dtype=torch.bool, pin_memory=pin) for _ in range(2)]
+        self._host_np = [h.numpy() for h in self._host]      # the same memory, written without torch's dispatch
         self._slot = 0
         self._rows = torch.zeros(max_rows, dtype=torch.bool, device=device)
 
@@ -30,10 +31,10 @@ class EndIdBan:
     def argmax(self, logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         """Greedy ids of logits [n, V] with the end ids of `rows` (< n) at -inf; writes into logits."""
         n = logits.shape[0]
-        host = self._host[self._slot]
+        host, flags = self._host[self._slot], self._host_np[self._slot]
         self._slot ^= 1
-        host[:n] = False
-        host[list(rows)] = True
+        flags[:n] = False
+        flags[rows] = True
         mask = self._rows[:n]
         mask.copy_(host[:n], non_blocking=True)
         with torch.inference_mode():     # the forward's logits are inference tensors
