@@ -145,36 +145,50 @@ def request_params(args, r) -> SamplingParams:
                           ignore_eos=True, min_tokens=r.max_new_tokens if args.min_tokens else 0)
 
 
+class Tally:
+    """Output tokens and TTFTs of a closed loop, from the outputs as they come."""
+
+    def __init__(self) -> None:
+        self.out_tokens = 0
+        self.ttft: list[float] = []
+        self._arrival: dict[str, float] = {}
+
+    def arrived(self, rid: str) -> None:
+        self._arrival[rid] = time.perf_counter()
+
+    def take(self, o) -> bool:
+        """Counts one output; True when it is its request's last."""
+        self.out_tokens += len(o.token_ids)
+        at = self._arrival.pop(o.request_id, None) if o.token_ids else None
+        if at is not None:          # the request's first tokens
+            self.ttft.append(time.perf_counter() - at)
+        return o.finished
+
+
 def drive_steps(engine: LLMEngine, requests, params: Callable, concurrency: int,
                 profile: StepProfile | None) -> tuple[int, list[float], int]:
     """Closed loop on this thread: add requests while fewer than `concurrency` are in flight, step.
     Returns (output tokens, TTFTs in s, peak active pages)."""
     pending = list(requests)
     in_flight: set[str] = set()
-    arrival: dict[str, float] = {}
-    ttft: list[float] = []
-    first_seen: set[str] = set()
-    out_tokens = peak = 0
+    tally = Tally()
+    peak = 0
     while pending or in_flight:
         while pending and len(in_flight) < concurrency:
             r = pending.pop(0)
             rid = str(r.request_id)
             engine.add_request(rid, list(r.prompt_ids), params(r))
-            arrival[rid] = time.perf_counter()
+            tally.arrived(rid)
             in_flight.add(rid)
         t_step = time.perf_counter()
         outputs = engine.step()
         if profile is not None:
             profile.add(engine.last_step, time.perf_counter() - t_step)
         for o in outputs:
-            out_tokens += len(o.token_ids)
-            if o.token_ids and o.request_id not in first_seen:
-                first_seen.add(o.request_id)
-                ttft.append(time.perf_counter() - arrival[o.request_id])
-            if o.finished:
+            if tally.take(o):
                 in_flight.discard(o.request_id)
         peak = max(peak, engine.stats().pool.active)
-    return out_tokens, ttft, peak
+    return tally.out_tokens, tally.ttft, peak
 
 
 def drive_engine_loop(engine: LLMEngine, requests, params: Callable, concurrency: int,
@@ -189,30 +203,24 @@ def drive_engine_loop(engine: LLMEngine, requests, params: Callable, concurrency
     done: queue.SimpleQueue = queue.SimpleQueue()
     loop = EngineLoop(engine, step_log_s=step_log_s)
     pending = list(requests)
-    arrival: dict[str, float] = {}
-    ttft: list[float] = []
-    first_seen: set[str] = set()
-    in_flight = out_tokens = 0
+    tally = Tally()
+    in_flight = 0
     try:
         while pending or in_flight:
             while pending and in_flight < concurrency:
                 r = pending.pop(0)
                 rid = str(r.request_id)
-                arrival[rid] = time.perf_counter()
+                tally.arrived(rid)
                 loop.submit(Submission(rid, list(r.prompt_ids), params(r), "", False, None, None, batch_sink=done.put))
                 in_flight += 1
             for o in done.get():
-                out_tokens += len(o.token_ids)
-                if o.token_ids and o.request_id not in first_seen:
-                    first_seen.add(o.request_id)
-                    ttft.append(time.perf_counter() - arrival[o.request_id])
-                if o.finished:
+                if tally.take(o):
                     in_flight -= 1
                     if o.error:
                         raise RuntimeError(f"request {o.request_id}: {o.error}")
     finally:
         loop.shutdown()
-    return out_tokens, ttft, None
+    return tally.out_tokens, tally.ttft, None
 
 
 def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label: str) -> Row:

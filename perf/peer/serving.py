@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -200,13 +201,25 @@ def cmd_kvshare(args: argparse.Namespace) -> int:
     py = env_python(args.env) if args.env else sys.executable
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    http, grpc, metrics = free_ports(3)
-    pid_file = out / "kvshare-server.pid"
     # KVSHARE_* already set win (a CPU check: KVSHARE_DEVICE=cpu KVSHARE_MODEL=dummy:tiny-llama ...);
     # an engine process (KVSHARE_ENGINE_PROCESS=on) runs on the server's own virtualenv
     env = {**kvshare_env(), "KVSHARE_ENGINE_PYTHON": py, **os.environ}
-    # A JIT cache of this run's own: the kernels compiled once the server is ready can be read from it.
-    cache = Path(env.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="kvshare-serving-triton-")))
+    # A JIT cache of this run's own (unless one is set): the kernels compiled once the server is
+    # ready are read from its files, and it goes with the run.
+    own_cache = "TRITON_CACHE_DIR" not in env
+    if own_cache:
+        env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvshare-serving-triton-")
+    try:
+        return _serve_points(args, py, env, Path(env["TRITON_CACHE_DIR"]), out)
+    finally:
+        if own_cache:
+            shutil.rmtree(env["TRITON_CACHE_DIR"], ignore_errors=True)
+
+
+def _serve_points(args: argparse.Namespace, py: str, env: dict[str, str], cache: Path, out: Path) -> int:
+    """Starts the server, runs the points, stops it; writes late-compiles.json."""
+    http, grpc, metrics = free_ports(3)
+    pid_file = out / "kvshare-server.pid"
     server = [py, str(ROOT / "perf/server/fullstack_server.py")]
     rc = subprocess.run([*server, "start", "--ports", f"{http},{grpc},{metrics}", "--models", "llm_engine",
                          "--log", str(out / "kvshare-server.log"), "--pid-file", str(pid_file),
