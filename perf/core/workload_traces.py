@@ -139,6 +139,8 @@ TRACES: dict[str, Callable[[], Trace]] = {
     "shared-prefix": shared_prefix,
     "prefix-repetition": prefix_repetition,
     "mixed": mixed,
+    # serving points long enough for a steady state; its first 200 requests are mixed's
+    "mixed-1k": lambda: mixed(num_requests=1000),
 }
 
 

@@ -139,7 +139,7 @@ def serving_kvshare(name: str, engine_process: str, keep: str) -> tuple[Stage, S
     """kvshare's points through Triton with KVSHARE_ENGINE_PROCESS=engine_process, then their JSON kept
     outside the suite's folder (the next call's stages read it there)."""
     run = Stage(name, (PY, "-m", "perf.peer.serving", "kvshare", "--env", SERVING_ENV, "--out", f"{{out}}/{name}"),
-                420, needs=("env",), env=(("KVSHARE_ENGINE_PROCESS", engine_process),))
+                440, needs=("env",), env=(("KVSHARE_ENGINE_PROCESS", engine_process),))
     kept = Stage(f"keep-{name}", ("bash", "-c", f"{PY} perf/server/fullstack_server.py stop --pid-file "
                                   f"{{out}}/{name}/kvshare-server.pid; rm -rf {keep} && cp -r {{out}}/{name} {keep} "
                                   f"&& ls {keep}"), 30)
@@ -159,7 +159,7 @@ SERVING_STAGES = (
     Stage("stage-piece1", PEER_UNPACK, 60),
     *serving_kvshare("kvshare-in-stub", "off", SERVING_KEEP_IN_STUB),
     Stage("unpack", PEER_UNPACK, 90),
-    Stage("vllm", (PY, "-m", "perf.peer.serving", "vllm", "--load-env", SERVING_ENV, "--out", "{out}/vllm"), 420,
+    Stage("vllm", (PY, "-m", "perf.peer.serving", "vllm", "--load-env", SERVING_ENV, "--out", "{out}/vllm"), 440,
           needs=("unpack",), python_path=(VLLM_SITE,)),
     serving_table("serving", SERVING_KEEP, "a process of its own (KVSHARE_ENGINE_PROCESS=on)"),
     serving_table("serving-in-stub", SERVING_KEEP_IN_STUB, "inside the Triton stub (KVSHARE_ENGINE_PROCESS=off)"),
@@ -325,8 +325,8 @@ SUITES: tuple[Suite, ...] = (
           calls=PEER_CALLS),
     Suite("peer-serving",
           "kvshare through Triton (gRPC streaming) vs vLLM 0.25.0's `vllm serve` (OpenAI streaming), one load "
-          "generator, same token-id prompts: mixed (ShareGPT-like) closed at 1/16/64 and open at 8-64 req/s, "
-          "shared-prefix closed at 64/256; tok/s, TTFT and ITL p50/p99, one plot; kvshare twice, its engine in "
+          "generator, same token-id prompts: mixed (ShareGPT-like) closed at 1/16/64/128 and open at 8-64 req/s, "
+          "shared-prefix closed at 64/256; sustained and whole-run tok/s, TTFT and ITL p50/p99, one plot; kvshare twice, its engine in "
           "a process of its own and inside the Triton stub; then the paged decode and prefill kernels vs "
           "vLLM's FA3 on the same pages",
           SERVING_STAGES, minutes=17, carry=(".carry/fullstack", ".carry/vllm/p1", ".carry/vllm/p2", ".carry/vllm/serve"),

@@ -20,7 +20,10 @@ Python event loop parsing every streamed token does not become the bottleneck at
 processes share one start time on the system's monotonic clock. --id-offset K shifts a trace's
 token ids by K (mod the vocabulary): runs on one server then share no prefix with each other.
 
-Reported: output tok/s over the window (first request sent -> last one done), requests/s, TTFT
+Reported: output tok/s over the window (first request sent -> last one done); sustained output
+tok/s (the tokens that arrived while requests were still being sent, over that time: the closed
+loop still has all its requests in flight, the open loop's arrivals still come; the drain after it,
+paced by the longest requests' own decode, left out); requests/s, TTFT
 (sent -> first content) p50/p99, ITL (gap between content messages / tokens in the later one)
 p50/p99, end-to-end p50/p99, errors, and each client process's CPU seconds per wall second
 (client_cpu_per_s: near 1 or above, that process, not the server, set its streams' pace).
@@ -67,6 +70,20 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
+def sustained(outcomes: Sequence[Outcome]) -> tuple[float, Optional[float]]:
+    """(window, tok/s) from the first request sent to the last one sent, counting the tokens that
+    arrived in it. The whole run's tok/s also holds the drain, where a few long outputs decode at a
+    small batch: with lognormal lengths that tail is a single request's serial decode, the same for
+    any server, and it pulls every server's ratio towards 1. None without such a window."""
+    sends = [o.sent_at for o in outcomes]
+    if len(sends) < 2 or max(sends) <= min(sends):
+        return 0.0, None
+    start, end = min(sends), max(sends)
+    tokens = sum(n for o in outcomes if o.error is None
+                 for t, n in zip(o.content_times, o.content_tokens) if start <= t <= end)
+    return end - start, tokens / (end - start)
+
+
 def summarize(outcomes: Sequence[Outcome], expected_tokens: Optional[int] = None) -> dict[str, Any]:
     done = [o for o in outcomes if o.error is None]
     start = min((o.sent_at for o in outcomes), default=0.0)
@@ -77,6 +94,7 @@ def summarize(outcomes: Sequence[Outcome], expected_tokens: Optional[int] = None
     itl = [(t1 - t0) / n for o in done
            for t0, t1, n in zip(o.content_times, o.content_times[1:], o.content_tokens[1:]) if n > 0]
     e2e = [o.finished_at - o.sent_at for o in done]
+    sustained_s, sustained_tok_s = sustained(outcomes)
 
     def ms(values, q):
         p = percentile(values, q)
@@ -87,6 +105,7 @@ def summarize(outcomes: Sequence[Outcome], expected_tokens: Optional[int] = None
                 output_tokens=tokens, expected_tokens=expected_tokens,
                 tok_per_s=tokens / window if window > 0 else None,
                 req_per_s=len(done) / window if window > 0 else None,
+                sustained_window_s=round(sustained_s, 4), sustained_tok_per_s=sustained_tok_s,
                 ttft_p50_ms=ms(ttft, 50), ttft_p99_ms=ms(ttft, 99), itl_p50_ms=ms(itl, 50), itl_p99_ms=ms(itl, 99),
                 e2e_p50_ms=ms(e2e, 50), e2e_p99_ms=ms(e2e, 99))
 

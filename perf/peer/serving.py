@@ -58,17 +58,19 @@ class ServingPoint:
         return "closed" if self.concurrency is not None else "open"
 
 
-# ShareGPT-like lengths (mixed: ~190 in / ~170 out, up to 1,597 out) closed at 1-64 and open up to
-# past saturation (~60 requests/s would be ~10k tok/s); shared-prefix (2,048 shared + 128 / 256 out)
-# closed at 64 and 256. More client processes where the token rate is high.
+# ShareGPT-like lengths (mixed-1k: ~190 in / ~170 out, up to 1,597 out in the first 200) closed at
+# 1-128 and open past saturation (~60 requests/s would be ~10k tok/s), with enough requests that the
+# sustained window (first send -> last send) is several seconds long; shared-prefix (2,048 shared +
+# 128 / 256 out) closed at 64 and 256. More client processes where the token rate is high.
 POINTS: tuple[ServingPoint, ...] = (
-    ServingPoint("mixed-c1", "mixed", 8, concurrency=1),
-    ServingPoint("mixed-c16", "mixed", 200, concurrency=16, processes=2),
-    ServingPoint("mixed-c64", "mixed", 200, concurrency=64, processes=2),
-    ServingPoint("mixed-r8", "mixed", 200, rate=8.0, processes=2),
-    ServingPoint("mixed-r16", "mixed", 200, rate=16.0, processes=2),
-    ServingPoint("mixed-r32", "mixed", 200, rate=32.0, processes=4),
-    ServingPoint("mixed-r64", "mixed", 200, rate=64.0, processes=4),
+    ServingPoint("mixed-c1", "mixed-1k", 8, concurrency=1),
+    ServingPoint("mixed-c16", "mixed-1k", 200, concurrency=16, processes=2),
+    ServingPoint("mixed-c64", "mixed-1k", 400, concurrency=64, processes=2),
+    ServingPoint("mixed-c128", "mixed-1k", 400, concurrency=128, processes=4),
+    ServingPoint("mixed-r8", "mixed-1k", 200, rate=8.0, processes=2),
+    ServingPoint("mixed-r16", "mixed-1k", 200, rate=16.0, processes=2),
+    ServingPoint("mixed-r32", "mixed-1k", 400, rate=32.0, processes=4),
+    ServingPoint("mixed-r64", "mixed-1k", 500, rate=64.0, processes=4),
     ServingPoint("shared-prefix-c64", "shared-prefix", 256, concurrency=64, processes=2),
     ServingPoint("shared-prefix-c256", "shared-prefix", 256, concurrency=256, processes=4),
 )

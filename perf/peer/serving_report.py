@@ -3,11 +3,13 @@
 
     python -m perf.peer.serving_report --kvshare DIR --vllm DIR [--md F] [--json F] [--png F]
 
-Per point: output tok/s of each server, their ratio, TTFT p50/p99, ITL p50/p99, errors. Then the
-goal's two readings on the open-loop points (mixed, Poisson rates): the most tok/s each server
-reached with its TTFT p99 within a bound (the bounds: vLLM's TTFT p99 at each of its points), and
-kvshare's TTFT p99 against vLLM's at the same offered rate. The plot: throughput against TTFT p99
-and ITL p50 (open loop), and throughput and TTFT p99 against concurrency (closed loop).
+Per point: each server's sustained output tok/s (serving_load: tokens that arrived while requests
+were still being sent) and their ratio, the whole run's tok/s and ratio (drain included), TTFT
+p50/p99, ITL p50/p99, errors. Then the goal's two readings on the open-loop points (mixed, Poisson
+rates): the most sustained tok/s each server reached with its TTFT p99 within a bound (the bounds:
+vLLM's TTFT p99 at each of its points), and kvshare's TTFT p99 against vLLM's at the same offered
+rate. The plot: sustained throughput against TTFT p99 and ITL p50 (open loop), and throughput and
+TTFT p99 against concurrency (closed loop).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ if __package__ in (None, ""):
 from perf.peer.serving import POINTS  # noqa: E402
 
 SIDES = ("kvshare", "vllm")
+RATE = "sustained_tok_per_s"       # the headline throughput; "tok_per_s" is the whole run's
 
 
 def load_side(folder: Path) -> dict[str, dict[str, Any]]:
@@ -39,27 +42,39 @@ def _f(v: Optional[float], fmt: str = ",.0f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _x(ratio: Optional[float]) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}×"
+
+
+def _ratio(k: Optional[dict], v: Optional[dict], key: str) -> Optional[float]:
+    return k[key] / v[key] if k and v and k.get(key) and v.get(key) else None
+
+
 def rows(sides: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     out = []
     for p in POINTS:
         k, v = sides["kvshare"].get(p.name), sides["vllm"].get(p.name)
         if k is None and v is None:
             continue
-        ratio = (k["tok_per_s"] / v["tok_per_s"]) if k and v and k.get("tok_per_s") and v.get("tok_per_s") else None
         out.append(dict(point=p.name, trace=p.trace, loop=p.loop, concurrency=p.concurrency, rate=p.rate,
-                        requests=p.requests, kvshare=k, vllm=v, ratio=ratio))
+                        requests=p.requests, kvshare=k, vllm=v, ratio=_ratio(k, v, RATE),
+                        ratio_whole_run=_ratio(k, v, "tok_per_s")))
     return out
 
 
 def best_within(points: Sequence[dict[str, Any]], side: str, ttft_p99_ms: float) -> Optional[float]:
-    """The most tok/s of `side` among error-free points whose TTFT p99 is within the bound."""
-    ok = [r[side]["tok_per_s"] for r in points if r[side] and not r[side]["errors"]
+    """The most sustained tok/s of `side` among error-free points whose TTFT p99 is within the bound."""
+    ok = [r[side][RATE] for r in points if r[side] and not r[side]["errors"] and r[side].get(RATE)
           and r[side]["ttft_p99_ms"] is not None and r[side]["ttft_p99_ms"] <= ttft_p99_ms]
     return max(ok) if ok else None
 
 
+def _mixed(row: dict[str, Any]) -> bool:
+    return row["trace"].startswith("mixed")
+
+
 def goal_readings(table: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    open_mixed = [r for r in table if r["loop"] == "open" and r["trace"] == "mixed" and r["kvshare"] and r["vllm"]]
+    open_mixed = [r for r in table if r["loop"] == "open" and _mixed(r) and r["kvshare"] and r["vllm"]]
     out = []
     for r in open_mixed:
         bound = r["vllm"]["ttft_p99_ms"]
@@ -75,9 +90,11 @@ def goal_readings(table: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def markdown(table: Sequence[dict[str, Any]], goals: Sequence[dict[str, Any]], info: Sequence[str]) -> str:
     lines = ["# Serving side by side: kvshare (Triton 2.51, gRPC streaming) vs `vllm serve` (OpenAI, SSE)", ""]
     lines += [f"- {i}" for i in info] + [""] if info else []
-    lines += ["| point | loop | kvshare tok/s | vLLM tok/s | kvshare / vLLM | TTFT p50 ms k / v | TTFT p99 ms k / v "
-              "| ITL p50 ms k / v | ITL p99 ms k / v | errors k / v |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["Sustained: output tokens that arrived while requests were still being sent, over that time. "
+              "Whole run: first send to last token (the drain, paced by the longest outputs, included).", ""]
+    lines += ["| point | loop | sustained tok/s k / v | kvshare / vLLM | whole run tok/s k / v | whole run k / v "
+              "| TTFT p50 ms k / v | TTFT p99 ms k / v | ITL p50 ms k / v | ITL p99 ms k / v | errors k / v |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in table:
         k, v = r["kvshare"] or {}, r["vllm"] or {}
         loop = f"c={r['concurrency']}" if r["loop"] == "closed" else f"{r['rate']:g}/s"
@@ -85,12 +102,12 @@ def markdown(table: Sequence[dict[str, Any]], goals: Sequence[dict[str, Any]], i
         def pair(key, fmt=",.0f"):
             return f"{_f(k.get(key), fmt)} / {_f(v.get(key), fmt)}"
 
-        lines.append(f"| {r['point']} | {loop} | {_f(k.get('tok_per_s'))} | {_f(v.get('tok_per_s'))} | "
-                     f"{_f(r['ratio'], '.2f')}{'×' if r['ratio'] else ''} | {pair('ttft_p50_ms')} | {pair('ttft_p99_ms')} | "
+        lines.append(f"| {r['point']} | {loop} | {pair(RATE)} | {_x(r['ratio'])} | {pair('tok_per_s')} | "
+                     f"{_x(r['ratio_whole_run'])} | {pair('ttft_p50_ms')} | {pair('ttft_p99_ms')} | "
                      f"{pair('itl_p50_ms', '.1f')} | {pair('itl_p99_ms', '.1f')} | "
                      f"{k.get('errors', '-')} / {v.get('errors', '-')} |")
     if goals:
-        lines += ["", "Open loop (mixed): the most tok/s each server reached with TTFT p99 within vLLM's TTFT p99 "
+        lines += ["", "Open loop (mixed): the most sustained tok/s each server reached with TTFT p99 within vLLM's TTFT p99 "
                   "at a rate, and kvshare's TTFT p99 over vLLM's at that rate (goal: ≥ 1.2× throughput; < 1.0 TTFT).",
                   "", "| rate /s | TTFT p99 bound ms | kvshare tok/s | vLLM tok/s | throughput ratio | TTFT p99 kvshare / vLLM |",
                   "|---:|---:|---:|---:|---:|---:|"]
@@ -110,27 +127,29 @@ def plot(table: Sequence[dict[str, Any]], png: Path) -> None:
              "vllm": dict(color="tab:orange", marker="s", label="vLLM 0.25.0 (vllm serve)")}
 
     def series(loop, trace, x_key, y_key, side):
-        pts = [(r[side][x_key] if x_key in r[side] else r[x_key], r[side][y_key])
-               for r in table if r["loop"] == loop and r["trace"] == trace and r[side] and not r[side]["errors"]
+        pts = [(r[side].get(x_key), r[side][y_key])
+               for r in table if r["loop"] == loop and r["trace"].startswith(trace) and r[side] and not r[side]["errors"]
                and r[side].get(y_key) is not None]
+        pts = [p for p in pts if p[0] is not None]
         return zip(*sorted(pts)) if pts else ((), ())
 
     for side in SIDES:
-        x, y = series("open", "mixed", "tok_per_s", "ttft_p99_ms", side)
+        x, y = series("open", "mixed", RATE, "ttft_p99_ms", side)
         axes[0, 0].plot(x, y, **style[side])
-        x, y = series("open", "mixed", "tok_per_s", "itl_p50_ms", side)
+        x, y = series("open", "mixed", RATE, "itl_p50_ms", side)
         axes[0, 1].plot(x, y, **style[side])
         for trace, ls in (("mixed", "-"), ("shared-prefix", "--")):
-            pts = sorted((r["concurrency"], r[side]["tok_per_s"], r[side]["ttft_p99_ms"]) for r in table
-                         if r["loop"] == "closed" and r["trace"] == trace and r[side] and not r[side]["errors"])
+            pts = sorted((r["concurrency"], r[side][RATE], r[side]["ttft_p99_ms"]) for r in table
+                         if r["loop"] == "closed" and r["trace"].startswith(trace) and r[side] and not r[side]["errors"]
+                         and r[side].get(RATE) is not None)
             if pts:
                 c, tput, ttft = zip(*pts)
                 kw = dict(style[side], linestyle=ls, label=f"{style[side]['label']}, {trace}")
                 axes[1, 0].plot(c, tput, **kw)
                 axes[1, 1].plot(c, ttft, **kw)
-    axes[0, 0].set(title="open loop, mixed (Poisson rates)", xlabel="output tok/s", ylabel="TTFT p99 ms", yscale="log")
-    axes[0, 1].set(title="open loop, mixed", xlabel="output tok/s", ylabel="ITL p50 ms")
-    axes[1, 0].set(title="closed loop", xlabel="requests in flight", ylabel="output tok/s", xscale="log")
+    axes[0, 0].set(title="open loop, mixed (Poisson rates)", xlabel="sustained output tok/s", ylabel="TTFT p99 ms", yscale="log")
+    axes[0, 1].set(title="open loop, mixed", xlabel="sustained output tok/s", ylabel="ITL p50 ms")
+    axes[1, 0].set(title="closed loop", xlabel="requests in flight", ylabel="sustained output tok/s", xscale="log")
     axes[1, 1].set(title="closed loop", xlabel="requests in flight", ylabel="TTFT p99 ms", xscale="log", yscale="log")
     for ax in axes.flat:
         ax.grid(alpha=0.3)

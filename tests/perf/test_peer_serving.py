@@ -28,6 +28,12 @@ def test_points_fit_their_traces_and_the_context():
         serving.ServingPoint("x", "mixed", 1, concurrency=1, rate=2.0)
 
 
+def test_the_long_mixed_trace_starts_with_the_mixed_trace():
+    short, long = make_trace("mixed").requests, make_trace("mixed-1k").requests
+    assert len(long) == 1000 and [(r.prompt_ids, r.max_new_tokens) for r in long[: len(short)]] == \
+        [(r.prompt_ids, r.max_new_tokens) for r in short]
+
+
 def test_both_servers_get_the_same_load_but_the_target():
     p = serving.BY_NAME["mixed-r16"]
     k = serving.load_command("py", "triton", "h:1", "llm_engine", p, 4, Path("/o"))
@@ -80,9 +86,10 @@ def test_env_python_reads_activate_sh(tmp_path):
         serving.env_python(tmp_path)
 
 
-def _summary(tok, ttft99, errors=0, ttft50=None, itl50=5.0):
-    return {"summary": dict(tok_per_s=tok, ttft_p50_ms=ttft50 or ttft99 / 2, ttft_p99_ms=ttft99, itl_p50_ms=itl50,
-                            itl_p99_ms=3 * itl50, errors=errors)}
+def _summary(tok, ttft99, errors=0, ttft50=None, itl50=5.0, whole=None):
+    """tok: the sustained tok/s; the whole run's is `whole` (default: half of it, as a drain makes it)."""
+    return {"summary": dict(sustained_tok_per_s=tok, tok_per_s=whole or tok / 2, ttft_p50_ms=ttft50 or ttft99 / 2,
+                            ttft_p99_ms=ttft99, itl_p50_ms=itl50, itl_p99_ms=3 * itl50, errors=errors)}
 
 
 def test_report_table_goals_and_plot(tmp_path):
@@ -93,6 +100,9 @@ def test_report_table_goals_and_plot(tmp_path):
                                        "mixed-r32": ((3000, 800), (2400, 5000))}.items():
         (k / f"{name}.json").write_text(json.dumps(_summary(kt, k99)))
         (v / f"{name}.json").write_text(json.dumps(_summary(vt, v99)))
+    # the drain paced both alike: whole runs level while the sustained rates differ
+    (k / "mixed-r32.json").write_text(json.dumps(_summary(3000, 800, whole=1900)))
+    (v / "mixed-r32.json").write_text(json.dumps(_summary(2400, 5000, whole=1900)))
     (k / "mixed-c16.json").write_text(json.dumps(_summary(1500, 100)))
     (v / "mixed-c16.json").write_text(json.dumps(_summary(1200, 120, errors=2)))
     md, js, png = tmp_path / "s.md", tmp_path / "s.json", tmp_path / "s.png"
@@ -102,13 +112,14 @@ def test_report_table_goals_and_plot(tmp_path):
     by_point = {r["point"]: r for r in data["points"]}
     assert list(by_point) == ["mixed-c16", "mixed-r8", "mixed-r16", "mixed-r32"]     # the suite's order
     assert by_point["mixed-r32"]["ratio"] == pytest.approx(1.25)
+    assert by_point["mixed-r32"]["ratio_whole_run"] == pytest.approx(1.0)
     goals = {g["rate"]: g for g in data["goals"]}
     # within vLLM's 900 ms at 16/s: kvshare reaches 3,000 (800 ms), vLLM 2,000 -> 1.5x
     assert goals[16.0]["kvshare_tok_s"] == 3000 and goals[16.0]["vllm_tok_s"] == 2000
     assert goals[16.0]["throughput_ratio"] == pytest.approx(1.5) and goals[16.0]["ttft_p99_ratio"] == pytest.approx(1 / 3)
     assert goals[8.0]["throughput_ratio"] == pytest.approx(1.0)
     text = md.read_text()
-    assert "| mixed-r32 | 32/s | 3,000 | 2,400 | 1.25× |" in text and "machine X" in text
+    assert "| mixed-r32 | 32/s | 3,000 / 2,400 | 1.25× | 1,900 / 1,900 | 1.00× |" in text and "machine X" in text
     assert "| 0 / 2 |" in text                          # vLLM's errors at c=16 are shown
     assert png.stat().st_size > 10_000
 

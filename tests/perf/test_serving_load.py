@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,20 @@ def test_summary_on_hand_made_timings():
     assert sl.poisson_arrivals(4, float("inf"), 0) == [0.0] * 4
     a = sl.poisson_arrivals(200, 10.0, 1)
     assert a == sl.poisson_arrivals(200, 10.0, 1) and a[0] == 0.0 and 15 < a[-1] < 25
+
+
+def test_sustained_rate_counts_the_tokens_between_the_first_and_the_last_send():
+    # sends at 0, 1 and 2 s; tokens inside [0, 2]: 1 + 2 (request 0) + 1 (request 1); request 2's arrive
+    # after the last send (the drain), the failed request's not at all
+    outs = [sl.Outcome(0, 0.0, 1.0, 3, (0.5, 1.5), (1, 2)),
+            sl.Outcome(1, 1.0, 3.0, 2, (1.9, 2.5), (1, 1)),
+            sl.Outcome(2, 2.0, 9.0, 5, (2.1, 9.0), (1, 4)),
+            sl.Outcome(3, 1.5, 1.6, error="HttpError: HTTP 500")]
+    assert sl.sustained(outs) == (2.0, 2.0)
+    s = sl.summarize(outs)
+    assert s["sustained_tok_per_s"] == 2.0 and s["sustained_window_s"] == 2.0
+    assert s["tok_per_s"] == pytest.approx(10 / 9)          # the whole run: its drain included
+    assert sl.sustained(outs[:1]) == (0.0, None) and sl.sustained([replace(outs[0], index=1), outs[0]]) == (0.0, None)
 
 
 def test_closed_loop_keeps_its_concurrency_and_open_loop_sends_on_time():
