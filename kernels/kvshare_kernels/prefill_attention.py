@@ -9,7 +9,9 @@ One program per (block of query tokens, request, KV head). Its BLOCK_M rows are 
 query tokens x the G query heads of that KV head (row r = token r // G, head r % G), so a K/V tile
 is loaded once for all heads of the group and the dots stay large enough for the tensor cores.
 The key loop has two phases (as in the Triton flash-attention tutorial): keys visible to every row
-of the block need no causal mask; only the tiles on the diagonal do.
+of the block need no causal mask, and their tiles are whole and in bounds, so their loads carry no
+mask either (but over a padded head_dim); only the tiles on the diagonal are masked. A tile of
+several whole pages loads one page id per page, not one per token.
 
 The grid's first dimension covers max_query_len, which the caller knows on the host (the
 scheduler chose the chunk sizes); by default it is the total number of query tokens, an upper
@@ -41,44 +43,91 @@ IDLE_TILE: tl.constexpr = tl.constexpr(IDLE)
 
 
 @triton.jit
+def _load_tile(C, rows, cols, mask, KV_QUANT: tl.constexpr):
+    """load_kv_tile, or with mask None a load with no mask at all (load_kv_tile always passes one)."""
+    if mask is None:
+        x = tl.load(C + rows[:, None] + cols[None, :])
+        if KV_QUANT == 1:
+            x = x.to(tl.float8e4nv, bitcast=True)
+    else:
+        x = load_kv_tile(C, rows, cols, mask, KV_QUANT)
+    return x
+
+
+@triton.jit
 def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, start, end, scale_log2,
                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask,
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_QUANT: tl.constexpr):
+    # Keys [start, end), start a multiple of BLOCK_N. CAUSAL: the diagonal tiles, whose rows see
+    # different keys and whose last tile may run past `end`. Otherwise every tile is whole and
+    # in bounds (the caller's full_end), so no load is masked but over a padded head_dim.
+    r = tl.arange(0, BLOCK_N)
     for n in range(start, end, BLOCK_N):
-        offs_n = n + tl.arange(0, BLOCK_N)
+        offs_n = n + r
         n_mask = offs_n < end
         if PAGE_SIZE % BLOCK_N == 0:
             page = tl.load(pt_row + n // PAGE_SIZE).to(tl.int64)
+            in_page = n % PAGE_SIZE + r
+        elif PAGE_SIZE > 1 and BLOCK_N % PAGE_SIZE == 0:
+            # One id per page of the tile, repeated over its tokens, instead of a gather per token.
+            # The strides multiply after the reshape: the alignment analysis knows nothing of a
+            # reshape's result, and stride x id keeps the K/V rows 16-byte aligned (vector loads).
+            ids = n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
+            if CAUSAL:
+                pages = tl.load(pt_row + ids, mask=ids * PAGE_SIZE < end, other=0)
+            else:
+                pages = tl.load(pt_row + ids)
+            page = tl.reshape(tl.broadcast_to(pages[:, None], (BLOCK_N // PAGE_SIZE, PAGE_SIZE)), (BLOCK_N,))
+            page = page.to(tl.int64)
+            in_page = r % PAGE_SIZE
         else:
-            page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
-        in_page = offs_n % PAGE_SIZE
-        if BLOCK_D == HEAD_DIM:
-            kv_mask = n_mask[:, None]
+            if CAUSAL:
+                page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+            else:
+                page = tl.load(pt_row + offs_n // PAGE_SIZE).to(tl.int64)
+            in_page = offs_n % PAGE_SIZE
+        if CAUSAL:
+            if BLOCK_D == HEAD_DIM:
+                kv_mask = n_mask[:, None]
+            else:
+                kv_mask = n_mask[:, None] & d_mask[None, :]
+        elif BLOCK_D == HEAD_DIM:
+            kv_mask = None
         else:
-            kv_mask = n_mask[:, None] & d_mask[None, :]
+            kv_mask = d_mask[None, :]
         s_rows = page * stride_sp + in_page * stride_st      # int8's scales of these tokens
-        k = load_kv_tile(k_head, page * stride_kp + in_page * stride_kt, d, kv_mask, KV_QUANT)
-        v = load_kv_tile(v_head, page * stride_vp + in_page * stride_vt, d, kv_mask, KV_QUANT)
+        k = _load_tile(k_head, page * stride_kp + in_page * stride_kt, d, kv_mask, KV_QUANT)
+        v = _load_tile(v_head, page * stride_vp + in_page * stride_vt, d, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
             k = k.to(q.dtype)
             v = v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        if KV_QUANT == 2:       # int8 scales fold into the score columns and p (decode_attention)
-            qk = qk * token_scales(ks_head, s_rows, 0, 0, n_mask, scale_log2, 1, 1, BLOCK_N)
+        if KV_QUANT == 2 or CAUSAL:
+            if KV_QUANT == 2:   # int8 scales fold into the score columns and p (decode_attention)
+                qk = qk * token_scales(ks_head, s_rows, 0, 0, n_mask, scale_log2, 1, 1, BLOCK_N)
+            else:
+                qk = qk * scale_log2
+            if CAUSAL:          # masked after the scaling: -inf times a zero scale would be NaN
+                qk = tl.where((offs_n[None, :] <= pos[:, None]) & n_mask[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            p = tl.exp2(qk - m_new[:, None])
         else:
-            qk = qk * scale_log2
-        if CAUSAL:
-            qk = tl.where((offs_n[None, :] <= pos[:, None]) & n_mask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            # A scalar scale (> 0) commutes with the max, so it rides in the exponent's FMA instead
+            # of a separate multiply of the score tile (the fused-attention tutorial's form).
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
+            p = tl.exp2(qk * scale_log2 - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if KV_QUANT == 2:
             p_v = p * token_scales(vs_head, s_rows, 0, 0, n_mask, P_GAIN, 1, 1, BLOCK_N)
         else:
             p_v = p
-        acc = acc * alpha[:, None] + tl.dot(p_v.to(v.dtype), v, input_precision=PRECISION)
+        # Rescaled in place and accumulated by the dot itself (wgmma's accumulator), never a second
+        # BLOCK_M x D float32 tile and an add; Triton folds `acc * alpha + dot` the same way today,
+        # this form does not depend on that rewrite.
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p_v.to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 

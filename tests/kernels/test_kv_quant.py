@@ -223,6 +223,25 @@ def test_prefill_reads_quantized_pages(dtype, impl, device):
 
 
 @pytest.mark.parametrize("dtype", QDTYPES)
+@pytest.mark.parametrize("block_n", [16, 32])
+def test_prefill_unmasked_tiles_read_quantized_pages(dtype, block_n, device):
+    """An extend chunk after 75 cached tokens: its first 64 keys are tiles every row sees in full, read
+    without masks (page 16: one page a tile at block_n 16, two pages a tile at 32), scales folded as
+    on the diagonal."""
+    lens, q_lens = [80, 20], [5, 20]
+    case = QuantCase(lens, 4, 2, 16, dtype, device, seed=23, fp8_scales=(0.5, 2.0))
+    hq, d = 4, 16
+    q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(4)).to(device)
+    qsl = torch.tensor([0, 5, 25], dtype=torch.int32, device=device)
+    out = kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens,
+                                          d ** -0.5, block_n=block_n, **case.scales)
+    for i in range(len(lens)):
+        s, e = int(qsl[i]), int(qsl[i + 1])
+        ref = dense_attention(q[s:e], case.dense_k[i], case.dense_v[i], d ** -0.5)
+        assert rel_err(out[s:e], ref) < TOL[torch.float32], f"request {i}"
+
+
+@pytest.mark.parametrize("dtype", QDTYPES)
 def test_cascade_reads_quantized_pages(dtype, device):
     lens = [40, 40, 41, 44, 9]                          # a chain of shared prefix pages, one short row
     case = QuantCase(lens, 4, 2, 16, dtype, device, seed=5, fp8_scales=(2.0, 0.5))
