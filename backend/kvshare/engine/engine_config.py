@@ -69,8 +69,10 @@ class EngineConfig:
     # CUDA only, with cuda_graphs: steps of up to this many tokens that hold a prefill chunk (beside
     # decode rows or not) replay a graph captured for the next size of a token ladder; longer steps
     # run eagerly, as every such step does with 0. Under serving a new prompt joins the decodes every
-    # few steps, and eagerly each such step pays ~300 kernel launches from Python.
-    mixed_graph_max_tokens: int = 1024
+    # few steps, and eagerly each such step pays ~300 kernel launches from Python, slower still while
+    # the stub's response threads hold the GIL (at 128 streams, 2k-token steps took 82 ms eagerly
+    # where their GEMMs need ~40). The default covers the step budget (max_step_tokens 4096).
+    mixed_graph_max_tokens: int = 4096
     cascade_attention: bool = True        # CUDA only: decode rows sharing prefix pages read them once per group
     # Schedule and post-process step N+1 while step N runs (greedy steps without penalties); the
     # host work between steps leaves the GPU's critical path. None = on for CUDA, off on the CPU:

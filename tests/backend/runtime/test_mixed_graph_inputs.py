@@ -28,6 +28,15 @@ def test_ladder_is_capped_by_the_bound_and_the_step_budget():
     assert mixed_graph_sizes(0, 4096) == ()
 
 
+def test_default_graphs_cover_the_step_budget_with_little_padding():
+    from kvshare.engine.engine_config import EngineConfig
+
+    c = EngineConfig()
+    sizes = mixed_graph_sizes(c.mixed_graph_max_tokens, c.max_step_tokens)
+    assert sizes[-1] == c.max_step_tokens              # no step of the budget runs eagerly
+    assert all((b - a) / b <= 0.12 for a, b in zip(sizes, sizes[1:]) if a >= 256)   # padding rows, at most
+
+
 @st.composite
 def steps(draw):
     """Chunks of a step: (ids, start, page table, wants logits); decode rows and prompt chunks."""
