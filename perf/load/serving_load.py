@@ -74,11 +74,15 @@ def sustained(outcomes: Sequence[Outcome]) -> tuple[float, Optional[float]]:
     """(window, tok/s) from the first request sent to the last one sent, counting the tokens that
     arrived in it. The whole run's tok/s also holds the drain, where a few long outputs decode at a
     small batch: with lognormal lengths that tail is a single request's serial decode, the same for
-    any server, and it pulls every server's ratio towards 1. None without such a window."""
+    any server, and it pulls every server's ratio towards 1. None without such a window: also when no
+    request finished inside it (all sent at once, as a closed loop as wide as its request count does),
+    as the window then holds the ramp-up only and no steady state."""
     sends = [o.sent_at for o in outcomes]
     if len(sends) < 2 or max(sends) <= min(sends):
         return 0.0, None
     start, end = min(sends), max(sends)
+    if not any(o.error is None and o.finished_at <= end for o in outcomes):
+        return end - start, None
     tokens = sum(n for o in outcomes if o.error is None
                  for t, n in zip(o.content_times, o.content_tokens) if start <= t <= end)
     return end - start, tokens / (end - start)

@@ -122,6 +122,13 @@ def test_sustained_rate_counts_the_tokens_between_the_first_and_the_last_send():
     assert sl.sustained(outs[:1]) == (0.0, None) and sl.sustained([replace(outs[0], index=1), outs[0]]) == (0.0, None)
 
 
+def test_sustained_rate_is_none_when_every_request_was_sent_before_any_finished():
+    # 3 requests at once (a closed loop as wide as the trace): the sends span 2 ms of ramp-up
+    outs = [sl.Outcome(i, 0.001 * i, 5.0 + i, 4, (0.5, 1.0), (1, 3)) for i in range(3)]
+    assert sl.sustained(outs) == (pytest.approx(0.002), None)
+    assert sl.summarize(outs)["sustained_tok_per_s"] is None
+
+
 def test_closed_loop_keeps_its_concurrency_and_open_loop_sends_on_time():
     in_flight, peak = 0, 0
 
