@@ -131,7 +131,7 @@ SERVING_WORK = "/tmp/kvshare-serving"
 SERVING_ENV = f"{SERVING_WORK}/env"
 SERVING_KEEP = f"{SERVING_WORK}/keep"
 SERVING_KEEP_IN_STUB = f"{SERVING_WORK}/keep-in-stub"
-SERVING_INFO = ("one NVIDIA H200; Llama-2-7B shape fp16, random weights; kvshare: Triton 2.51 llm_engine over gRPC "
+SERVING_INFO = ("Llama-2-7B shape fp16, random weights; kvshare: Triton 2.51 llm_engine over gRPC "
                 "streaming; vLLM 0.25.0: vllm serve, /v1/completions streaming")
 
 
@@ -149,7 +149,7 @@ def serving_kvshare(name: str, engine_process: str, keep: str) -> tuple[Stage, S
 def serving_table(name: str, keep: str, mode: str) -> Stage:
     return Stage(name, (PY, "-m", "perf.peer.serving_report", "--kvshare", keep, "--vllm", "{out}/vllm",
                         "--md", f"{{out}}/{name}.md", "--json", f"{{out}}/{name}.json", "--png", f"{{out}}/{name}.png",
-                        "--info", SERVING_INFO, "--info", f"kvshare's engine: {mode}"), 30,
+                        "--gpu-name", "--info", SERVING_INFO, "--info", f"kvshare's engine: {mode}"), 30,
                  (f"{name}.md", f"{name}.json", f"{name}.png"))
 
 

@@ -37,7 +37,27 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = "llama-2-7b"
 MAX_RUNNING = 256
 MAX_MODEL_LEN = 4096
-KV_GB = 100            # kvshare's pool; vLLM takes gpu_memory_utilization 0.9 (~110 GB of KV on an H200)
+KV_GB = 100            # kvshare's pool on an H200; vLLM takes gpu_memory_utilization 0.9 (~110 GB of KV there)
+# Off the H200, the pool is what vLLM's 0.9 leaves for KV less a margin: 0.9 x memory - 20 GB of weights
+# (13.5), activations and graphs (an H100 80GB: ~57 GB).
+WEIGHTS_AND_MARGIN_GB = 20
+
+
+def kv_gb(total_gb: Optional[float]) -> float:
+    """kvshare's pool for a GPU of total_gb (None: unknown, the H200's)."""
+    if total_gb is None:
+        return KV_GB
+    return float(min(KV_GB, int(0.9 * total_gb - WEIGHTS_AND_MARGIN_GB)))
+
+
+def gpu_total_gb() -> Optional[float]:
+    """GPU 0's memory from nvidia-smi (no CUDA context in this process, which outlives the server's)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return float(out.split()[0]) * 2**20 / 1e9
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -174,10 +194,10 @@ def selected(names: str, processes: Optional[int] = None) -> tuple[ServingPoint,
 
 # ------------------------------------------------------------------ kvshare through Triton
 
-def kvshare_env() -> dict[str, str]:
+def kvshare_env(total_gb: Optional[float] = None) -> dict[str, str]:
     """The engine's settings (KVSHARE_*) of the GPU serving run, beside the defaults."""
     return dict(KVSHARE_DEVICE="cuda", KVSHARE_MODEL=f"dummy:{MODEL}", KVSHARE_DTYPE="float16",
-                KVSHARE_KV_CACHE_MEMORY_GB=str(KV_GB), KVSHARE_MAX_RUNNING=str(MAX_RUNNING),
+                KVSHARE_KV_CACHE_MEMORY_GB=f"{kv_gb(total_gb):g}", KVSHARE_MAX_RUNNING=str(MAX_RUNNING),
                 KVSHARE_MAX_STEP_TOKENS="4096", KVSHARE_MAX_PREFILL_CHUNK="2048", KVSHARE_PAGE_SIZE="16",
                 KVSHARE_MAX_MODEL_LEN=str(MAX_MODEL_LEN), KVSHARE_DEBUG_CHECKS="false", KVSHARE_LOG_LEVEL="INFO")
 
@@ -205,7 +225,7 @@ def cmd_kvshare(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # KVSHARE_* already set win (a CPU check: KVSHARE_DEVICE=cpu KVSHARE_MODEL=dummy:tiny-llama ...);
     # an engine process (KVSHARE_ENGINE_PROCESS=on) runs on the server's own virtualenv
-    env = {**kvshare_env(), "KVSHARE_ENGINE_PYTHON": py, **os.environ}
+    env = {**kvshare_env(gpu_total_gb()), "KVSHARE_ENGINE_PYTHON": py, **os.environ}
     # A JIT cache of this run's own (unless one is set): the kernels compiled once the server is
     # ready are read from its files, and it goes with the run.
     own_cache = "TRITON_CACHE_DIR" not in env

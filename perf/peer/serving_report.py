@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -160,6 +161,16 @@ def plot(table: Sequence[dict[str, Any]], png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
+def gpu_name() -> Optional[str]:
+    """GPU 0's name: the table names the machine it ran on, which a lease does not fix in advance."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kvshare", type=Path, required=True)
@@ -168,7 +179,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     ap.add_argument("--info", action="append", default=[], help="a line under the title (machine, versions)")
+    ap.add_argument("--gpu-name", action="store_true", help="first line: the GPU this runs on (nvidia-smi)")
     a = ap.parse_args(argv)
+    if a.gpu_name:
+        a.info = [f"GPU: {gpu_name() or 'unknown (no nvidia-smi)'}", *a.info]
     sides = {"kvshare": load_side(a.kvshare), "vllm": load_side(a.vllm)}
     if not any(sides.values()):
         print("serving_report: no point's JSON in either folder", file=sys.stderr)

@@ -58,13 +58,17 @@ async def _drive(url: str, requests: list[dict[str, Any]], concurrency: int, mod
     return results
 
 
-def _shard(args: tuple) -> list[dict[str, Any]]:
+def _shard(args: tuple) -> tuple[list[dict[str, Any]], float]:
+    """This process's results and its CPU seconds per second of wall time while it drove them (near 1:
+    the client, one Python thread parsing every response, set its streams' pace, not the server)."""
     url, requests, concurrency, model, timeout_s, barrier = args
     import kvshare_client  # noqa: F401  (imports before the barrier: processes start sending together)
     import tritonclient.grpc.aio  # noqa: F401
     if barrier is not None:
         barrier.wait()
-    return asyncio.run(_drive(url, requests, concurrency, model, timeout_s))
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    results = asyncio.run(_drive(url, requests, concurrency, model, timeout_s))
+    return results, (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
 
 
 def _worker_main(args: tuple, conn) -> None:
@@ -77,9 +81,11 @@ def _worker_main(args: tuple, conn) -> None:
 
 
 def run_load(url: str, requests: list[dict[str, Any]], concurrency: int, processes: int, model: str,
-             timeout_s: float) -> list[dict[str, Any]]:
+             timeout_s: float) -> tuple[list[dict[str, Any]], list[float]]:
+    """The results (index = the request's in `requests`) and each process's CPU per wall second."""
     if processes <= 1:
-        return _shard((url, requests, concurrency, model, timeout_s, None))
+        results, busy = _shard((url, requests, concurrency, model, timeout_s, None))
+        return results, [busy]
     if concurrency % processes:
         raise SystemExit("--concurrency must be a multiple of --processes")
     ctx = mp.get_context("spawn")   # no gRPC state crosses a fork
@@ -95,6 +101,7 @@ def run_load(url: str, requests: list[dict[str, Any]], concurrency: int, process
         pipes.append((parent, index_map))
         procs.append(p)
     results: list[dict[str, Any]] = []
+    cpu_per_s: list[float] = []
     for (conn, index_map), p in zip(pipes, procs):
         try:
             status, payload = conn.recv()
@@ -103,10 +110,12 @@ def run_load(url: str, requests: list[dict[str, Any]], concurrency: int, process
         p.join()
         if status != "ok":
             raise RuntimeError(f"client process failed: {payload}")
-        for r in payload:
+        shard, busy = payload
+        for r in shard:
             r["index"] = index_map[r["index"]]
-        results.extend(payload)
-    return results
+        results.extend(shard)
+        cpu_per_s.append(busy)
+    return results, cpu_per_s
 
 
 def _ms(values: Sequence[float]) -> dict[str, Optional[float]]:
@@ -114,7 +123,7 @@ def _ms(values: Sequence[float]) -> dict[str, Optional[float]]:
 
 
 def summarize(results: list[dict[str, Any]], before: dict, after: dict, *, requests: int, concurrency: int,
-              processes: int, output_len: int) -> dict[str, Any]:
+              processes: int, output_len: int, client_cpu_per_s: Sequence[float] = ()) -> dict[str, Any]:
     done = [r for r in results if "error" not in r]
     errors = [r["error"] for r in results if "error" in r]
     start = min((r["sent_at"] for r in results), default=0.0)
@@ -143,6 +152,7 @@ def summarize(results: list[dict[str, Any]], before: dict, after: dict, *, reque
         "server_tok_per_s": fc.rate(deltas["generation_tokens"], window),
         "requests_per_s": fc.rate(len(done), window),
         "tokens_per_response": tokens / responses if responses else None,
+        "client_cpu_per_s": [round(b, 3) for b in client_cpu_per_s],
         "ttft_ms": _ms(ttft),
         "itl_ms": _ms(itl),
         "e2e_ms": _ms(e2e),
@@ -173,11 +183,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for p in fc.prompts(args.requests, args.input_len, args.vocab, args.seed)]
     before = fc.quiet_snapshot(args.metrics_url)
     t0 = time.perf_counter()
-    results = run_load(args.url, reqs, args.concurrency, args.processes, args.model, args.timeout)
+    results, busy = run_load(args.url, reqs, args.concurrency, args.processes, args.model, args.timeout)
     wall = time.perf_counter() - t0
     after = fc.quiet_snapshot(args.metrics_url)
     res = summarize(results, before, after, requests=args.requests, concurrency=args.concurrency,
-                    processes=args.processes, output_len=args.output_len)
+                    processes=args.processes, output_len=args.output_len, client_cpu_per_s=busy)
     res["wall_s"] = wall
     if args.out_json:
         fc.write_json(args.out_json, res)
@@ -186,7 +196,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{res['window_s']:.2f} s, client {res['client_tokens']} tokens = {res['client_tok_per_s'] or 0:.1f} tok/s, "
           f"server {res['server_tokens']} tokens = {res['server_tok_per_s'] or 0:.1f} tok/s, TTFT p50 "
           f"{res['ttft_ms']['50'] or 0:.1f} ms, ITL p50 {res['itl_ms']['50'] or 0:.2f} ms, "
-          f"{res['tokens_per_response'] or 0:.2f} tokens/response", flush=True)
+          f"{res['tokens_per_response'] or 0:.2f} tokens/response, client CPU/s "
+          f"{', '.join(f'{b:.2f}' for b in res['client_cpu_per_s'])}", flush=True)
     for e in res["error_samples"]:
         print(f"   {e}", file=sys.stderr)
     ok = res["errors"] == 0 and res["client_tokens"] == res["expected_tokens"]

@@ -114,7 +114,8 @@ def markdown(s: dict[str, Any]) -> str:
         lines.append(f"- {run.get('tool', '?')}: {_f(run.get('requests_done'), 'd')}/"
                      f"{_f(run.get('requests_sent'), 'd')} requests, client got {_f(run.get('client_tokens'), 'd')} of "
                      f"{_f(run.get('expected_tokens'), 'd')} tokens, {_f(run.get('tokens_per_response'), '.2f')} "
-                     "tokens/response; server: prefix-hit tokens "
+                     f"tokens/response, client CPU per wall second {_cpu(run.get('client_cpu_per_s'))}; "
+                     "server: prefix-hit tokens "
                      f"{_f(d.get('prefix_hit_tokens'), '.0f')}, evictions {_f(d.get('evictions'), '.0f')}, preemptions "
                      f"{_f(d.get('preemptions'), '.0f')}; peak running {_f(run.get('peak_running'), '.0f')}, sampled "
                      f"{_f(run.get('sampled_tok_per_s'), ',.0f')} tok/s")
@@ -122,6 +123,11 @@ def markdown(s: dict[str, Any]) -> str:
         if r["errors"]:
             lines.append(f"- problem in '{r['path']}': {r['errors']}")
     return "\n".join(lines)
+
+
+def _cpu(per_process: Optional[Sequence[float]]) -> str:
+    """Each client process's CPU per wall second (perf_analyzer's run has none)."""
+    return ", ".join(f"{x:.2f}" for x in per_process) if per_process else "-"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

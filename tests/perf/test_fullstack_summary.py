@@ -89,8 +89,9 @@ def test_client_summary():
             "content_tokens": [1, 1, 1, 1]},
            {"index": 1, "sent_at": 10.0, "finished_at": 11.0, "error": "boom"}]
     s = fcl.summarize(res, {"generation_tokens": 0.0}, {"generation_tokens": 4.0}, requests=2, concurrency=2,
-                      processes=1, output_len=4)
+                      processes=1, output_len=4, client_cpu_per_s=[0.41234])
     assert s["requests_done"] == 1 and s["errors"] == 1 and s["window_s"] == 2.0
+    assert s["client_cpu_per_s"] == [0.412]
     assert s["client_tok_per_s"] == 2.0 and s["server_tok_per_s"] == 2.0
     assert s["ttft_ms"]["50"] == 500.0 and s["itl_ms"]["50"] == 500.0
 
@@ -108,7 +109,8 @@ def test_summary_table_and_verdict(tmp_path):
         "ttft_ms": {"50": 90.0, "95": 150.0}, "itl_ms": {"50": 8.0, "95": 12.0}}))
     (work / "client_p1.json").write_text(json.dumps({"tool": "kvshare_client (1 process)", "concurrency": 64,
                                                      "requests_done": 256, "server_tokens": 32768,
-                                                     "window_s": 8.0, "server_tok_per_s": 4096.0}))
+                                                     "window_s": 8.0, "server_tok_per_s": 4096.0,
+                                                     "client_cpu_per_s": [0.93]}))
     out = tmp_path / "out"
     assert fs.main(["--work", str(work), "--out", str(out), "--info", "machine=test"]) == 0
     s = json.loads((out / "summary.json").read_text())
@@ -116,6 +118,7 @@ def test_summary_table_and_verdict(tmp_path):
     assert s["verdict"] == "PASS" and abs(s["perf_analyzer_ratio"] - 0.889) < 1e-3
     md = (out / "summary.md").read_text()
     assert "| offline engine" in md and "perf_analyzer" in md and "- machine: test" in md
+    assert "client CPU per wall second 0.93" in md
 
 
 def test_summary_without_results(tmp_path):

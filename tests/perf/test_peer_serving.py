@@ -154,3 +154,10 @@ def test_late_compiles_are_the_cache_files_written_after_ready_each_with_its_poi
     assert late == [{"kernel": "_rotary_kernel", "after_ready_s": 1.0, "during": "warmup"},
                     {"kernel": "_copy_pages_kernel", "after_ready_s": 25.5, "during": "mixed-r32"},
                     {"kernel": "_decode_split_kernel", "after_ready_s": 40.0, "during": "between points"}]
+
+
+def test_kvshare_pool_fits_what_vllm_leaves_for_kv_on_any_gpu():
+    assert serving.kv_gb(None) == serving.KV_GB                  # the H200 runs keep their 100 GB pool
+    assert serving.kv_gb(150.1) == serving.KV_GB
+    assert serving.kv_gb(85.5) == 56.0                           # an H100 80GB: 0.9 x 85.5 - 20
+    assert serving.kvshare_env(85.5)["KVSHARE_KV_CACHE_MEMORY_GB"] == "56"
