@@ -52,7 +52,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEADS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr,
     USE_DOT: tl.constexpr, HEAD_FASTEST: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    KV_QUANT: tl.constexpr,
+    KV_QUANT: tl.constexpr, PAGE_IDS: tl.constexpr,
 ):
     # A program serves HEADS consecutive KV heads and their HEADS * GROUP query heads (rows r, padded
     # to BLOCK_R). Its K/V tile is [BLOCK_N tokens, HEADS * BLOCK_D] (columns c: head c // BLOCK_D).
@@ -98,6 +98,13 @@ def _decode_split_kernel(
         if PAGE_SIZE % BLOCK_N == 0:
             # The tile lies in one page (tiles start at multiples of BLOCK_N): one page-table read.
             page = tl.load(pt_row + n // PAGE_SIZE).to(tl.int64)
+        elif PAGE_IDS:
+            # The tile spans whole pages: one id per page, repeated over its tokens, instead of a
+            # table read per token (MHA's 32-token tiles over 16-token pages).
+            ids = n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
+            pages = tl.load(pt_row + ids, mask=ids * PAGE_SIZE < end, other=0)
+            page = tl.reshape(tl.broadcast_to(pages[:, None], (BLOCK_N // PAGE_SIZE, PAGE_SIZE)), (BLOCK_N,))
+            page = page.to(tl.int64)
         else:
             page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
         in_page = offs_n % PAGE_SIZE
@@ -206,6 +213,7 @@ MHA_BLOCK_N = 32
 HEAD_FASTEST = True         # grid order: consecutive programs are the KV heads of one request
 PROGRAMS_PER_SM = 4         # split-K until about this many programs per SM (graph-timed sweep)
 MAX_SPLITS = 64
+PAGE_IDS = False            # on once measured ahead of per-token reads on the GPU (bench_decode_attention --sweep)
 
 
 def default_config(num_q_heads: int, num_kv_heads: int) -> dict:
@@ -232,13 +240,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            k_scale=None, v_scale=None,
                            debug: bool | None = None, block_n: int | None = None, num_warps: int | None = None,
                            num_stages: int | None = None, use_dot: bool | None = None,
-                           heads_per_program: int | None = None, head_fastest: bool | None = None) -> torch.Tensor:
+                           heads_per_program: int | None = None, head_fastest: bool | None = None,
+                           page_ids: bool | None = None) -> torch.Tensor:
     """q [B, Hq, D]; page_table int32 [B, max_pages]; context_lens int32 [B] -> out [B, Hq, D].
 
     max_context: an upper bound of context_lens known on the host (default: the page table's
     capacity, max_pages * page_size); it only sizes the split-K heuristic. num_splits overrides the
     heuristic. block_n, num_warps, num_stages, use_dot, heads_per_program (KV heads per program)
-    and head_fastest (grid order) are tuning knobs for tests and benchmarks. k_scale/v_scale: an
+    head_fastest (grid order) and page_ids (a tile of several whole pages reads one table entry
+    per page, not per token; default PAGE_IDS) are tuning knobs for tests and benchmarks. k_scale/v_scale: an
     int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats (default 1.0).
     """
     b, hq, d = q.shape
@@ -292,6 +302,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         GROUP=group, HEADS=heads, BLOCK_R=block_r, BLOCK_C=heads * block_d, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=block_n,
         PAGE_SIZE=page_size, SPLIT=split, USE_DOT=use_dot, HEAD_FASTEST=head_fastest, PRECISION=precision,
         UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
+        PAGE_IDS=(PAGE_IDS if page_ids is None else page_ids) and 1 < page_size < block_n and block_n % page_size == 0,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     if split:

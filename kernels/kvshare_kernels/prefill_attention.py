@@ -56,9 +56,10 @@ def _load_tile(C, rows, cols, mask, KV_QUANT: tl.constexpr):
 
 @triton.jit
 def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, start, end, scale_log2,
-                  stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask,
+                  stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, k_desc, v_desc, kv_col,
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_QUANT: tl.constexpr):
+                  CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_QUANT: tl.constexpr,
+                  TMA: tl.constexpr):
     # Keys [start, end), start a multiple of BLOCK_N. CAUSAL: the diagonal tiles, whose rows see
     # different keys and whose last tile may run past `end`. Otherwise every tile is whole and
     # in bounds (the caller's full_end), so no load is masked but over a padded head_dim.
@@ -97,8 +98,19 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
         else:
             kv_mask = d_mask[None, :]
         s_rows = page * stride_sp + in_page * stride_st      # int8's scales of these tokens
-        k = _load_tile(k_head, page * stride_kp + in_page * stride_kt, d, kv_mask, KV_QUANT)
-        v = _load_tile(v_head, page * stride_vp + in_page * stride_vt, d, kv_mask, KV_QUANT)
+        if TMA:
+            # The tile is one page's slice (PAGE_SIZE % BLOCK_N == 0): one bulk copy per operand,
+            # no address per thread. Rows past `end` are other slots of the page, possibly never
+            # written: their scores are masked below, and V's are zeroed so that a NaN there
+            # cannot reach the output through 0 * NaN.
+            row = (page * PAGE_SIZE + n % PAGE_SIZE).to(tl.int32)
+            k = k_desc.load([row, kv_col])
+            v = v_desc.load([row, kv_col])
+            if CAUSAL:
+                v = tl.where(n_mask[:, None], v, 0.0)
+        else:
+            k = _load_tile(k_head, page * stride_kp + in_page * stride_kt, d, kv_mask, KV_QUANT)
+            v = _load_tile(v_head, page * stride_vp + in_page * stride_vt, d, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
             k = k.to(q.dtype)
             v = v.to(q.dtype)
@@ -134,12 +146,12 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
 
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, KS, VS, O, PT, QSL, CTX, TILES, scale_log2, v_scale,
+    Q, K, V, KS, VS, O, PT, QSL, CTX, TILES, KD, VD, scale_log2, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_sp, stride_st, stride_ptb,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, KV_QUANT: tl.constexpr, TILED: tl.constexpr,
+    UPCAST: tl.constexpr, KV_QUANT: tl.constexpr, TILED: tl.constexpr, TMA: tl.constexpr,
 ):
     if TILED:
         tile = tl.program_id(0)
@@ -185,11 +197,13 @@ def _prefill_kernel(
     last_key = tl.minimum(first_pos + BLOCK_MT, ctx)                  # one past the largest key seen
     full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N                 # tiles every row sees in full
     acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, 0, full_end, scale_log2,
-                                  stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask,
-                                  BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, False, PRECISION, UPCAST, KV_QUANT)
+                                  stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, KD, VD,
+                                  kvh * HEAD_DIM, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, False, PRECISION, UPCAST,
+                                  KV_QUANT, TMA)
     acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, full_end, last_key, scale_log2,
-                                  stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask,
-                                  BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, True, PRECISION, UPCAST, KV_QUANT)
+                                  stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, KD, VD,
+                                  kvh * HEAD_DIM, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, True, PRECISION, UPCAST,
+                                  KV_QUANT, TMA)
     if KV_QUANT == 2:
         v_scale = v_scale / P_GAIN
     out = acc * (v_scale / l_i)[:, None]
@@ -203,6 +217,25 @@ def _prefill_kernel(
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
+# Off until measured ahead of the per-thread loads on the GPU (perf/kernels/bench_prefill_ceiling.py).
+TMA_DEFAULT = False
+
+
+def tma_applies(k_cache: torch.Tensor, v_cache: torch.Tensor, mode: int, block_n: int) -> bool:
+    """Whether a K/V tile can be one bulk copy: a page holds whole tiles, the pool is a contiguous
+    16-bit [P, S, Hkv, D] tensor and head_dim a power of two (the descriptor's box)."""
+    _, page_size, _, d = k_cache.shape
+    return (mode == kv_quant.NONE and page_size % block_n == 0 and d == triton.next_power_of_2(d)
+            and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and (k_cache.device.type != "cuda" or torch.cuda.get_device_capability(k_cache.device)[0] >= 9))
+
+
+def _page_descriptor(cache: torch.Tensor, block_n: int):
+    """The pool as rows of slots [P * S, Hkv * D]: a tile is the box [block_n, D] at (slot, head * D)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    p, s, hkv, d = cache.shape
+    return TensorDescriptor.from_tensor(cache.view(p * s, hkv * d), [block_n, d])
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
@@ -210,13 +243,18 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             out: torch.Tensor | None = None, *, max_query_len: int | None = None,
                             k_scale=None, v_scale=None, tiles: torch.Tensor | None = None,
                             debug: bool | None = None, block_m: int | None = None, block_n: int | None = None,
-                            num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+                            num_warps: int | None = None, num_stages: int | None = None,
+                            tma: bool | None = None) -> torch.Tensor:
     """q [T, Hq, D] (requests back to back); query_start_loc int32 [B+1]; context_lens int32 [B].
 
     k_scale/v_scale: an int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats.
     tiles: int32 [N, 2] (request, query block) per program (prefill_tiles.plan_tiles with this
     call's block size; unused entries request -1): the grid is N x KV heads, and max_query_len is
-    not used."""
+    not used.
+    tma: load K/V tiles with the tensor-memory accelerator (Hopper's bulk copies through a tensor
+    descriptor) instead of per-thread addresses; only where a tile is one page's slice (page_size a
+    multiple of block_n) of a contiguous 16-bit pool with a power-of-two head_dim. None: TMA_DEFAULT
+    where it applies."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
@@ -251,15 +289,25 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         max_query_len = t if max_query_len is None else max_query_len
         grid = (triton.cdiv(max_query_len, block_mt), nb, hkv)
     ks, vs, stride_sp, stride_st, kf, vf = scale_launch_args(mode, k_cache, k_scale, v_scale)
+    block_n = block_n or BLOCK_N
+    applies = tma_applies(k_cache, v_cache, mode, block_n)
+    use_tma = (TMA_DEFAULT and applies) if tma is None else tma
+    if use_tma and not applies:
+        raise ValueError("paged_prefill_attention: tma needs page_size a multiple of block_n, contiguous 16-bit "
+                         f"pools and a power-of-two head_dim (page {page_size}, block_n {block_n}, "
+                         f"{k_cache.dtype}, head_dim {d})")
+    kd = vd = None
+    if use_tma:
+        kd, vd = (_page_descriptor(c, block_n) for c in (k_cache, v_cache))
     _prefill_kernel[grid](
         q, kv_quant.storage_view(k_cache), kv_quant.storage_view(v_cache), ks, vs, out, page_table, query_start_loc,
-        context_lens, query_start_loc if tiles is None else tiles, scale * kf * LOG2E, vf,
+        context_lens, query_start_loc if tiles is None else tiles, kd, vd, scale * kf * LOG2E, vf,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
-        GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n or BLOCK_N,
+        GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n,
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=page_size,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
-        TILED=tiles is not None, num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
+        TILED=tiles is not None, TMA=use_tma, num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
     )
     return out

@@ -125,8 +125,9 @@ PEER_CALLS = (
 # (engine/engine_process.py), keeping their JSON in SERVING_KEEP; call 2 stages vLLM's piece 1 and runs
 # the same points with the engine inside the Triton stub (the A/B of the engine process, same lease);
 # call 3 unpacks vLLM, runs `vllm serve` at the same points (the load from the same virtualenv) and
-# writes a table and plot for each kvshare mode; call 4 sweeps kvshare's prefill tiles at the 32k row's
-# chunk and times kvshare's kernels beside vLLM's FA3 on the same pages (vLLM still in /tmp/site).
+# writes a table and plot for each kvshare mode; call 4 times kvshare's kernels beside vLLM's FA3 on the
+# same pages (vLLM still in /tmp/site) and the prefill kernel against its ceilings; call 5 sweeps the
+# prefill tiles at the 32k row's chunk and decode's page-table reads at page 16.
 SERVING_WORK = "/tmp/kvshare-serving"
 SERVING_ENV = f"{SERVING_WORK}/env"
 SERVING_KEEP = f"{SERVING_WORK}/keep"
@@ -167,12 +168,19 @@ SERVING_STAGES = (
                             "1,30720,2048", "--json", "{out}/prefill-sweep.json"), 150, ("prefill-sweep.json",)),
     Stage("kernels", (PY, "perf/kernels/bench_peer_attention.py", "--json", "{out}/kernels.json", "--md",
                       "{out}/kernels.md"), 240, ("kernels.json", "kernels.md"), python_path=(VLLM_SITE,)),
+    Stage("prefill-ceiling", (PY, "perf/kernels/bench_prefill_ceiling.py", "--json", "{out}/prefill-ceiling.json",
+                              "--md", "{out}/prefill-ceiling.md"), 240, ("prefill-ceiling.json", "prefill-ceiling.md"),
+          python_path=(VLLM_SITE,)),
+    Stage("decode-page16", (PY, "perf/kernels/bench_decode_attention.py", "--page16", "--json",
+                            "{out}/decode-page16.json", "--md", "{out}/decode-page16.md"), 120,
+          ("decode-page16.json", "decode-page16.md")),
 )
 SERVING_CALLS = (
     Call(("env", "kvshare", "keep-kvshare"), (".carry/fullstack",)),
     Call(("stage-piece1", "kvshare-in-stub", "keep-kvshare-in-stub"), (".carry/vllm/p1",)),
     Call(("unpack", "vllm", "serving", "serving-in-stub"), (".carry/vllm/p2", ".carry/vllm/serve")),
-    Call(("prefill-sweep", "kernels")),
+    Call(("kernels", "prefill-ceiling")),
+    Call(("prefill-sweep", "decode-page16")),
 )
 
 SMOLLM2_SITE = "/tmp/kvshare-smollm2-site"
@@ -328,12 +336,14 @@ SUITES: tuple[Suite, ...] = (
           "generator, same token-id prompts: mixed (ShareGPT-like) closed at 1/16/64/128 and open at 8-64 req/s, "
           "shared-prefix closed at 64/256; sustained and whole-run tok/s, TTFT and ITL p50/p99, one plot; kvshare twice, its engine in "
           "a process of its own and inside the Triton stub; then the paged decode and prefill kernels vs "
-          "vLLM's FA3 on the same pages",
-          SERVING_STAGES, minutes=17, carry=(".carry/fullstack", ".carry/vllm/p1", ".carry/vllm/p2", ".carry/vllm/serve"),
-          note="four consecutive commands on one warm machine (--call 1..4): the fullstack bundle (bash "
+          "vLLM's FA3 on the same pages, the prefill kernel against its ceilings (page 64 with TMA, a dense "
+          "TMA kernel, cuDNN) and decode at page 16 with one page-table read per page",
+          SERVING_STAGES, minutes=20, carry=(".carry/fullstack", ".carry/vllm/p1", ".carry/vllm/p2", ".carry/vllm/serve"),
+          note="five consecutive commands on one warm machine (--call 1..5): the fullstack bundle (bash "
                "perf/server/make_fullstack_bundle.sh), vLLM's piece 1, piece 2 with the serving wheels (bash "
-               "perf/peer/build_serve_wheels.sh), nothing; 283 / 36 / 348 / 37 s on 2026-12-01 with one "
-               "kvshare run (call 2 now holds the second)",
+               "perf/peer/build_serve_wheels.sh), nothing, nothing; 283 / 36 / 348 / 37 s on 2026-12-01 with "
+               "one kvshare run (call 2 now holds the second). The kernel calls alone on a fresh machine: "
+               "--only stage-piece1 (piece 1), then --only unpack,kernels,prefill-ceiling (piece 2)",
           calls=SERVING_CALLS),
     Suite("kv-dtype",
           "8-bit KV pages (kv_cache_dtype auto vs fp8_e4m3 vs int8), Llama-2-7B shape fp16: the kernel tests "

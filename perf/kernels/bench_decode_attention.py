@@ -218,6 +218,36 @@ TILE_VARIANTS = [
 ]
 
 
+PAGE16_SHAPES = [(32, 32, 16, 2048), (32, 32, 64, 2048), (32, 32, 64, 8192), (32, 32, 256, 2048), (32, 8, 64, 2048),
+                 (32, 8, 64, 8192)]
+PAGE16_VARIANTS = [dict(), dict(page_ids=True),
+                   dict(block_n=16, num_warps=4, num_stages=4),
+                   dict(block_n=64, num_warps=4, num_stages=3, page_ids=True),
+                   dict(block_n=64, num_warps=8, num_stages=3, page_ids=True),
+                   dict(block_n=32, num_warps=4, num_stages=4, page_ids=True)]
+
+
+def sweep_page16(md=None):
+    """Page 16 with tiles over several pages: a table read per token (today) or per page
+    (page_ids), and tiles of one page; the default config's heads per program."""
+    shapes, variants = PAGE16_SHAPES, PAGE16_VARIANTS
+    if bc.DRY_RUN:
+        shapes, variants = [(2, 2, 2, 64)], [dict(block_n=32), dict(block_n=32, page_ids=True)]
+    rows, res = [], []
+    for hq, hkv, b, ctx in shapes:
+        base = None
+        for cfg in variants:
+            t = time_kvshare(b, hq, hkv, ctx, 16, **cfg)
+            base = base or t
+            rows.append([f"{hq}/{hkv} {b}x{ctx} p16", str(cfg or "default"), f"{kv_bytes(b, hkv, ctx) / t / 1e12:.2f}",
+                         f"{base / t:.3f}"])
+            res.append(dict(hq=hq, hkv=hkv, batch=b, ctx=ctx, page=16, cfg=cfg, s=t))
+            print("  " + " | ".join(rows[-1]), flush=True)
+    bc.print_table("decode at page 16: table reads per token vs per page (TB/s, graph-timed)",
+                   ["shape", "config", "TB/s", "vs default"], rows, md)
+    return res
+
+
 def sweep(md=None):
     """Tile / grid-order / heads-per-program variants on representative shapes, then split counts."""
     res = {"tiles": [], "splits": []}
@@ -269,6 +299,7 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="tile and split-K sweeps")
     ap.add_argument("--table", action="store_true", help="the main table (default when nothing is chosen)")
     ap.add_argument("--kv-dtypes", action="store_true", help="bf16 vs fp8 e4m3 vs int8 pages")
+    ap.add_argument("--page16", action="store_true", help="page-16 variants: table reads per token vs per page")
     ap.add_argument("--json", help="write all timings here")
     ap.add_argument("--md", help="append the markdown tables here")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (interpreter): checks the script")
@@ -284,7 +315,9 @@ def main(argv=None):
         out["sweep"] = sweep(a.md)
     if a.kv_dtypes:
         out["kv_dtypes"] = kv_dtype_table(a.md)
-    if a.table or not (a.sweep or a.kv_dtypes):
+    if a.page16:
+        out["page16"] = sweep_page16(a.md)
+    if a.table or not (a.sweep or a.kv_dtypes or a.page16):
         out["table"] = table(a.md)
     bc.dump_json(a.json, out)
 

@@ -114,3 +114,14 @@ def test_decode_padding_request_with_empty_context(impl, num_splits, device):
     out = impl.paged_decode_attention(q, case.k_cache, case.v_cache, case.page_table, lens, 0.25, **kw)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     assert rel_err(out[1], dense_attention(q[1:], case.dense_k[1], case.dense_v[1], 0.25)[0]) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("page_ids", [False, True])
+@pytest.mark.parametrize("hq,hkv,heads", [(2, 2, 2), (4, 2, 1)])
+def test_decode_tile_over_several_pages(page_ids, hq, hkv, heads, device):
+    # a 16-token tile over 4-token pages: one table read per page or per token, same attention;
+    # ragged lengths end inside a page and inside a tile, split and not
+    case = make_case(LENS, 4, hkv, 16, torch.float32, device, seed=23 + hq)
+    for splits in (1, 3):
+        _check(kernels, case, hq, 16, torch.float32, device, num_splits=splits, block_n=16,
+               heads_per_program=heads, page_ids=page_ids)

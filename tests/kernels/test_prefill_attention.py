@@ -51,6 +51,23 @@ def test_prefill_tiles_larger_than_pages_and_odd_head_dim(device):
                max_query_len=30)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (2, 2)])
+def test_prefill_tma_tiles(dtype, hq, hkv, device):
+    # a tile is one page's slice (page 32, block_n 16) loaded by descriptor: the page's unwritten
+    # slots are NaN (make_case), masked on the diagonal, and the answer is the per-thread loads'
+    _check(kernels, REQS, 32, hq, hkv, 16, dtype, device, seed=5 + hq, block_m=16, block_n=16, tma=True)
+
+
+def test_prefill_tma_refuses_what_it_cannot_load(device):
+    case = make_case([8], 4, 1, 16, torch.float32, device)
+    q = torch.zeros(8, 1, 16, device=device)
+    qsl = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="tma needs page_size a multiple of block_n"):
+        kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens,
+                                        0.25, block_m=16, block_n=16, tma=True)
+
+
 def test_prefill_default_config(device):
     _check(kernels, [(70, 70), (90, 17)], 16, 8, 2, 32, torch.float32, device, seed=3)
 

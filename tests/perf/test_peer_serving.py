@@ -57,13 +57,13 @@ def test_processes_override_every_selected_point_and_keeps_their_ids():
             serving.selected(bad["names"], bad.get("processes"))
 
 
-def test_the_suite_runs_both_servers_in_four_calls():
+def test_the_suite_runs_both_servers_then_the_kernels_in_five_calls():
     s = BY_NAME["peer-serving"]
     stages = {st.name: st for st in s.stages}
     assert [c.stages for c in s.calls] == [("env", "kvshare", "keep-kvshare"),
                                            ("stage-piece1", "kvshare-in-stub", "keep-kvshare-in-stub"),
                                            ("unpack", "vllm", "serving", "serving-in-stub"),
-                                           ("prefill-sweep", "kernels")]
+                                           ("kernels", "prefill-ceiling"), ("prefill-sweep", "decode-page16")]
     assert s.calls[0].carry == (".carry/fullstack",) and ".carry/vllm/p2" in s.calls[2].carry
     assert "--load-env" in stages["vllm"].cmd and stages["vllm"].needs == ("unpack",)
     # both engine modes in one lease, each with its own table beside the same vllm serve run

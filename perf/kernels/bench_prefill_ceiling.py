@@ -1,0 +1,261 @@
+"""Where paged prefill loses to FlashAttention 3: the load path, the page size, or Triton itself?
+
+    python perf/kernels/bench_prefill_ceiling.py [--json F] [--md F]     # vllm importable: FA3 too
+    python perf/kernels/bench_prefill_ceiling.py --dry-run                # CPU: this script only
+
+On the same shapes as bench_peer_attention's prefill rows (bf16, head_dim 128, causal FLOPs,
+TFLOP/s), one process:
+
+* kvshare's paged kernel as the engine launches it (page 16, per-thread loads);
+* the same kernel on a page-64 pool, with per-thread loads and with TMA bulk copies (a 64-token
+  tile is one page's slice, so one descriptor load fetches it);
+* a dense kernel written for this bench: the same FlashAttention-2 loop over contiguous K/V read
+  through TMA descriptors, no page table at all. It is the ceiling of this kernel design in Triton
+  on this GPU: if it stays far from FA3, no paging change closes the gap;
+* torch SDPA (cuDNN) on contiguous K/V and vLLM's FA3 on the page-16 pool.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+if "--dry-run" in sys.argv:   # the interpreter must be chosen before triton.language is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+if __package__ in (None, ""):  # run as a script: the repo root on sys.path, for `perf`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from perf.kernels import bench_common as bc  # noqa: E402
+from perf.kernels.bench_peer_attention import fa3  # noqa: E402
+
+D = 128
+DTYPE = torch.bfloat16
+HEADS = [(32, 8), (32, 32)]
+CASES = [("prompt 1x4096", 1, 0, 4096), ("prompt 4x8192", 4, 0, 8192), ("extend 4x(2048+512)", 4, 2048, 512),
+         ("chunk 1x(30720+2048)", 1, 30720, 2048)]
+# (block_m, block_n, num_warps, num_stages) of the dense kernel; block_m query tokens of one head
+DENSE = [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)]
+# the paged kernel on a page-64 pool: (block_m rows, block_n, warps, stages)
+PAGED64 = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3)]
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _dense_range(acc, l_i, m_i, q, k_desc, v_desc, kv_row, kv_col, pos, start, end, scale_log2,
+                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr):
+    cols = tl.arange(0, BLOCK_N)
+    for n in range(start, end, BLOCK_N):
+        k = k_desc.load([kv_row + n, kv_col])
+        v = v_desc.load([kv_row + n, kv_col])
+        if UPCAST:   # the interpreter's tl.dot multiplies bf16 as raw integers
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k))
+        if CAUSAL:
+            qk = tl.where((n + cols)[None, :] <= pos[:, None], qk * scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            p = tl.exp2(qk - m_new[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
+            p = tl.exp2(qk * scale_log2 - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _dense_kernel(q_desc, k_desc, v_desc, o_desc, q_len, ctx, scale_log2, HQ: tl.constexpr, GROUP: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr):
+    # One program: BLOCK_M query tokens of one head of one request; request b's queries are rows
+    # b * q_len.., its keys rows b * ctx.. (the last q_len of them are the new tokens').
+    mblk = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    prefix = ctx - q_len
+    q_row = b * q_len + mblk * BLOCK_M
+    kv_row = b * ctx
+    kv_col = (h // GROUP) * HEAD_DIM
+    q = q_desc.load([q_row, h * HEAD_DIM])
+    out_dtype = q.dtype
+    if UPCAST:
+        q = q.to(tl.float32)
+    first = prefix + mblk * BLOCK_M
+    pos = first + tl.arange(0, BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    full_end = ((first + 1) // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _dense_range(acc, l_i, m_i, q, k_desc, v_desc, kv_row, kv_col, pos, 0, full_end, scale_log2,
+                                 BLOCK_N, False, UPCAST)
+    acc, l_i, m_i = _dense_range(acc, l_i, m_i, q, k_desc, v_desc, kv_row, kv_col, pos, full_end, first + BLOCK_M,
+                                 scale_log2, BLOCK_N, True, UPCAST)
+    o_desc.store([q_row, h * HEAD_DIM], (acc / l_i[:, None]).to(out_dtype))
+
+
+def dense_attention(q, k, v, q_len, ctx, out, block_m, block_n, num_warps, num_stages):
+    """q/out [B * q_len, Hq, D], k/v [B * ctx, Hkv, D] contiguous; q_len a multiple of block_m."""
+    from kvshare_kernels.checks import interpreter_bf16
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    b = t // q_len
+    qd = TensorDescriptor.from_tensor(q.view(t, hq * d), [block_m, d])
+    od = TensorDescriptor.from_tensor(out.view(t, hq * d), [block_m, d])
+    kd = TensorDescriptor.from_tensor(k.view(-1, hkv * d), [block_n, d])
+    vd = TensorDescriptor.from_tensor(v.view(-1, hkv * d), [block_n, d])
+    _dense_kernel[(q_len // block_m, b * hq)](qd, kd, vd, od, q_len, ctx, d ** -0.5 * LOG2E, HQ=hq, GROUP=hq // hkv,
+                                              BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d,
+                                              UPCAST=interpreter_bf16(q.dtype), num_warps=num_warps,
+                                              num_stages=num_stages)
+    return out
+
+
+def paged_copy(kc, vc, b, ctx, page_size):
+    """kc/vc [B * ctx, Hkv, D] copied into a pool of shuffled pages: (k, v, page_table)."""
+    per = -(-ctx // page_size)
+    hkv = kc.shape[1]
+    pt = torch.randperm(b * per, device=kc.device).to(torch.int32).view(b, per).contiguous()
+    pools = []
+    for c in (kc, vc):
+        pool = torch.zeros(b * per, page_size, hkv, D, dtype=c.dtype, device=c.device)
+        padded = torch.zeros(b, per * page_size, hkv, D, dtype=c.dtype, device=c.device)
+        padded[:, :ctx] = c.view(b, ctx, hkv, D)
+        pool[pt.long().flatten()] = padded.view(b * per, page_size, hkv, D)
+        pools.append(pool)
+    return pools[0], pools[1], pt
+
+
+def flops(hq, b, prefix, q_len):
+    return 4 * hq * D * b * (q_len * prefix + q_len * (q_len + 1) / 2)
+
+
+def _time(fn):
+    try:
+        return bc.bench(fn)
+    except Exception as exc:   # a config that does not compile (shared memory) is a blank, not a crash
+        print(f"    failed: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+        return None
+
+
+def case(flash, hq, hkv, name, b, prefix, q_len):
+    from kvshare_kernels import kernels
+
+    dev = bc.device()
+    ctx = prefix + q_len
+    scale = D ** -0.5
+    rec = dict(case=name, hq=hq, hkv=hkv, batch=b, prefix=prefix, q_len=q_len, flops=flops(hq, b, prefix, q_len))
+    lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
+    qsl = torch.arange(0, b + 1, dtype=torch.int32, device=dev) * q_len
+    q = torch.randn(b * q_len, hq, D, dtype=DTYPE, device=dev)
+    out, ref = torch.empty_like(q), torch.empty_like(q)
+
+    # one set of tokens, contiguous and in two paged pools (pages shuffled), so every output compares
+    kc = torch.randn(b * ctx, hkv, D, dtype=DTYPE, device=dev)
+    vc = torch.randn_like(kc)
+    k16, v16, pt16 = paged_copy(kc, vc, b, ctx, 16)
+    tiles = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev)
+    run16 = lambda: kernels.paged_prefill_attention(q, k16, v16, pt16, qsl, lens, scale, ref, tiles=tiles)  # noqa: E731
+    rec["paged16_s"] = _time(run16)
+    run16()
+
+    def diff():
+        return (out.float() - ref.float()).abs().max().item()
+
+    if flash is not None:
+        rec["fa3_s"] = _time(lambda: flash(q, k16, v16, q_len, qsl, ctx, seqused_k=lens, softmax_scale=scale,
+                                           causal=True, block_table=pt16, out=out, fa_version=3))
+        rec["fa3_diff"] = diff()
+    del k16, v16
+    bc.free()
+    if not bc.DRY_RUN and prefix == 0:
+        qq = q.view(b, q_len, hq, D).transpose(1, 2)
+        kk = kc.view(b, ctx, hkv, D).transpose(1, 2)
+        vv = vc.view(b, ctx, hkv, D).transpose(1, 2)
+        rec["sdpa_s"] = _time(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=hq != hkv))
+    rec["dense"] = {}
+    for bm, bn, w, s in DENSE if not bc.DRY_RUN else [(16, 16, 4, 2)]:
+        if q_len % bm:
+            continue
+        t = _time(lambda: dense_attention(q, kc, vc, q_len, ctx, out, bm, bn, w, s))
+        rec["dense"][f"{bm}x{bn} w{w} s{s}"] = dict(s=t, diff=diff() if t else None)
+
+    k64, v64, pt64 = paged_copy(kc, vc, b, ctx, 64 if not bc.DRY_RUN else 16)
+    del kc, vc
+    bc.free()
+    rec["paged64"] = {}
+    for bm, bn, w, s in PAGED64 if not bc.DRY_RUN else [(16, 16, 4, 2)]:
+        tl64 = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, bm)
+        for tma in (False, True):
+            run = lambda: kernels.paged_prefill_attention(q, k64, v64, pt64, qsl, lens, scale, out, tiles=tl64,  # noqa: E731
+                                                          block_m=bm, block_n=bn, num_warps=w, num_stages=s, tma=tma)
+            t = _time(run)
+            rec["paged64"][f"{bm}x{bn} w{w} s{s}{' tma' if tma else ''}"] = dict(s=t, diff=diff() if t else None)
+    del k64, v64, q, out, ref
+    bc.free()
+    return rec
+
+
+def _tf(rec, s):
+    return None if not s else rec["flops"] / s / 1e12
+
+
+def _best(d):
+    timed = {k: v for k, v in d.items() if v.get("s")}
+    return min(timed.items(), key=lambda kv: kv[1]["s"]) if timed else (None, {})
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json")
+    ap.add_argument("--md")
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args(argv)
+    bc.set_dry_run(a.dry_run)
+    if not a.dry_run and not torch.cuda.is_available():
+        sys.exit("bench_prefill_ceiling: needs a CUDA GPU (or --dry-run)")
+    flash, why = fa3()
+    print(f"vLLM FA3: {'available' if flash else 'not available: ' + str(why)}", flush=True)
+    records, rows, detail = [], [], []
+    cases = CASES if not a.dry_run else [("prompt 1x32", 1, 0, 32), ("chunk 1x(16+16)", 1, 16, 16)]
+    for hq, hkv in HEADS if not a.dry_run else [(4, 2)]:
+        for name, b, prefix, q_len in cases:
+            r = case(flash, hq, hkv, name, b, prefix, q_len)
+            records.append(r)
+            p64_ptr = _best({k: v for k, v in r["paged64"].items() if not k.endswith("tma")})
+            p64_tma = _best({k: v for k, v in r["paged64"].items() if k.endswith("tma")})
+            dense = _best(r["dense"])
+            fa = _tf(r, r.get("fa3_s"))
+            cells = [_tf(r, r["paged16_s"]), _tf(r, p64_ptr[1].get("s")), _tf(r, p64_tma[1].get("s")),
+                     _tf(r, dense[1].get("s")), _tf(r, r.get("sdpa_s")), fa]
+            row = [f"{hq}/{hkv}", name] + ["-" if c is None else f"{c:.0f}" for c in cells]
+            row += ["-" if not (fa and c) else f"{c / fa:.2f}" for c in (cells[0], cells[2], cells[3])]
+            row += [f"{p64_tma[0]} / {dense[0]}"]
+            rows.append(row)
+            print("  " + " | ".join(row), flush=True)
+            for label, d in (("paged p64", r["paged64"]), ("dense", r["dense"])):
+                for cfg, v in d.items():
+                    detail.append([f"{hq}/{hkv}", name, label, cfg, "-" if not v.get("s") else f"{_tf(r, v['s']):.0f}",
+                                   "-" if v.get("diff") is None else f"{v['diff']:.1e}"])
+    bc.print_table("paged prefill against its ceilings, bf16, head_dim 128, causal FLOPs (TFLOP/s): kvshare page 16 "
+                   "as the engine runs it, page 64 with per-thread loads and with TMA (best config), the dense "
+                   "TMA kernel on contiguous K/V (best config), torch SDPA (cuDNN, prompts), vLLM's FA3 on page 16",
+                   ["heads", "case", "p16", "p64", "p64 TMA", "dense TMA", "SDPA", "FA3",
+                    "p16 / FA3", "p64 TMA / FA3", "dense / FA3", "best configs (p64 TMA / dense)"], rows, a.md)
+    bc.print_table("every config (TFLOP/s)", ["heads", "case", "kernel", "config", "TFLOP/s",
+                                                 "max abs diff vs p16"], detail, a.md)
+    bc.dump_json(a.json, dict(fa3=flash is not None, fa3_reason=why, records=records))
+
+
+if __name__ == "__main__":
+    main()
