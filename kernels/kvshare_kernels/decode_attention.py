@@ -213,15 +213,26 @@ MHA_BLOCK_N = 32
 HEAD_FASTEST = True         # grid order: consecutive programs are the KV heads of one request
 PROGRAMS_PER_SM = 4         # split-K until about this many programs per SM (graph-timed sweep)
 MAX_SPLITS = 64
-PAGE_IDS = False            # on once measured ahead of per-token reads on the GPU (bench_decode_attention --sweep)
+# One page-table read per page of a tile instead of per token (bench_decode_attention --page16,
+# H200, 2026-12-06): +3-7% with 32/32 heads at page 16 (block_n 32), -20% with GQA 32/8 (block_n 64),
+# where the broadcast of the ids costs more than the gathers it saves.
+MHA_PAGE_IDS = True
+PAGE_IDS = False
+
+
+def page_ids_apply(wanted: bool, page_size: int, block_n: int) -> bool:
+    """Whether a launch reads the page table once per page: wanted and a tile spans several whole
+    pages; otherwise the per-token read is the only correct one."""
+    return bool(wanted) and 1 < page_size < block_n and block_n % page_size == 0
 
 
 def default_config(num_q_heads: int, num_kv_heads: int) -> dict:
     """Tile, warps, stages and KV heads per program for this head layout."""
     if num_q_heads == num_kv_heads and num_kv_heads % MHA_HEADS_PER_PROGRAM == 0:
         return dict(block_n=MHA_BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-                    heads_per_program=MHA_HEADS_PER_PROGRAM)
-    return dict(block_n=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES, heads_per_program=1)
+                    heads_per_program=MHA_HEADS_PER_PROGRAM, page_ids=MHA_PAGE_IDS)
+    return dict(block_n=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES, heads_per_program=1,
+                page_ids=PAGE_IDS)
 
 
 def choose_num_splits(batch: int, num_programs_per_request: int, max_context: int, device: torch.device,
@@ -248,7 +259,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     capacity, max_pages * page_size); it only sizes the split-K heuristic. num_splits overrides the
     heuristic. block_n, num_warps, num_stages, use_dot, heads_per_program (KV heads per program)
     head_fastest (grid order) and page_ids (a tile of several whole pages reads one table entry
-    per page, not per token; default PAGE_IDS) are tuning knobs for tests and benchmarks. k_scale/v_scale: an
+    per page, not per token; default_config's choice) are tuning knobs for tests and benchmarks. k_scale/v_scale: an
     int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats (default 1.0).
     """
     b, hq, d = q.shape
@@ -302,7 +313,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         GROUP=group, HEADS=heads, BLOCK_R=block_r, BLOCK_C=heads * block_d, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=block_n,
         PAGE_SIZE=page_size, SPLIT=split, USE_DOT=use_dot, HEAD_FASTEST=head_fastest, PRECISION=precision,
         UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
-        PAGE_IDS=(PAGE_IDS if page_ids is None else page_ids) and 1 < page_size < block_n and block_n % page_size == 0,
+        PAGE_IDS=page_ids_apply(cfg["page_ids"] if page_ids is None else page_ids, page_size, block_n),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     if split:

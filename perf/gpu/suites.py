@@ -125,9 +125,9 @@ PEER_CALLS = (
 # (engine/engine_process.py), keeping their JSON in SERVING_KEEP; call 2 stages vLLM's piece 1 and runs
 # the same points with the engine inside the Triton stub (the A/B of the engine process, same lease);
 # call 3 unpacks vLLM, runs `vllm serve` at the same points (the load from the same virtualenv) and
-# writes a table and plot for each kvshare mode; call 4 times kvshare's kernels beside vLLM's FA3 on the
-# same pages (vLLM still in /tmp/site) and the prefill kernel against its ceilings; call 5 sweeps the
-# prefill tiles at the 32k row's chunk and decode's page-table reads at page 16.
+# writes a table and plot for each kvshare mode; call 4 times the prefill kernel against its ceilings
+# (vLLM's FA3 still in /tmp/site) and decode's page-table reads at page 16; call 5 times kvshare's kernels
+# beside vLLM's FA3 on the same pages and sweeps the prefill tiles at the 32k row's chunk.
 SERVING_WORK = "/tmp/kvshare-serving"
 SERVING_ENV = f"{SERVING_WORK}/env"
 SERVING_KEEP = f"{SERVING_WORK}/keep"
@@ -169,7 +169,7 @@ SERVING_STAGES = (
     Stage("kernels", (PY, "perf/kernels/bench_peer_attention.py", "--json", "{out}/kernels.json", "--md",
                       "{out}/kernels.md"), 240, ("kernels.json", "kernels.md"), python_path=(VLLM_SITE,)),
     Stage("prefill-ceiling", (PY, "perf/kernels/bench_prefill_ceiling.py", "--json", "{out}/prefill-ceiling.json",
-                              "--md", "{out}/prefill-ceiling.md"), 240, ("prefill-ceiling.json", "prefill-ceiling.md"),
+                              "--md", "{out}/prefill-ceiling.md"), 400, ("prefill-ceiling.json", "prefill-ceiling.md"),
           python_path=(VLLM_SITE,)),
     Stage("decode-page16", (PY, "perf/kernels/bench_decode_attention.py", "--page16", "--json",
                             "{out}/decode-page16.json", "--md", "{out}/decode-page16.md"), 120,
@@ -179,8 +179,8 @@ SERVING_CALLS = (
     Call(("env", "kvshare", "keep-kvshare"), (".carry/fullstack",)),
     Call(("stage-piece1", "kvshare-in-stub", "keep-kvshare-in-stub"), (".carry/vllm/p1",)),
     Call(("unpack", "vllm", "serving", "serving-in-stub"), (".carry/vllm/p2", ".carry/vllm/serve")),
-    Call(("kernels", "prefill-ceiling")),
-    Call(("prefill-sweep", "decode-page16")),
+    Call(("prefill-ceiling", "decode-page16")),
+    Call(("kernels", "prefill-sweep")),
 )
 
 SMOLLM2_SITE = "/tmp/kvshare-smollm2-site"
@@ -343,7 +343,8 @@ SUITES: tuple[Suite, ...] = (
                "perf/server/make_fullstack_bundle.sh), vLLM's piece 1, piece 2 with the serving wheels (bash "
                "perf/peer/build_serve_wheels.sh), nothing, nothing; 283 / 36 / 348 / 37 s on 2026-12-01 with "
                "one kvshare run (call 2 now holds the second). The kernel calls alone on a fresh machine: "
-               "--only stage-piece1 (piece 1), then --only unpack,kernels,prefill-ceiling (piece 2)",
+               "--only stage-piece1,decode-page16 (piece 1), then --only unpack,prefill-ceiling (piece 2), then --only "
+               "kernels (nothing)",
           calls=SERVING_CALLS),
     Suite("kv-dtype",
           "8-bit KV pages (kv_cache_dtype auto vs fp8_e4m3 vs int8), Llama-2-7B shape fp16: the kernel tests "

@@ -220,7 +220,7 @@ TILE_VARIANTS = [
 
 PAGE16_SHAPES = [(32, 32, 16, 2048), (32, 32, 64, 2048), (32, 32, 64, 8192), (32, 32, 256, 2048), (32, 8, 64, 2048),
                  (32, 8, 64, 8192)]
-PAGE16_VARIANTS = [dict(), dict(page_ids=True),
+PAGE16_VARIANTS = [dict(), dict(page_ids=False), dict(page_ids=True),
                    dict(block_n=16, num_warps=4, num_stages=4),
                    dict(block_n=64, num_warps=4, num_stages=3, page_ids=True),
                    dict(block_n=64, num_warps=8, num_stages=3, page_ids=True),
@@ -228,8 +228,8 @@ PAGE16_VARIANTS = [dict(), dict(page_ids=True),
 
 
 def sweep_page16(md=None):
-    """Page 16 with tiles over several pages: a table read per token (today) or per page
-    (page_ids), and tiles of one page; the default config's heads per program."""
+    """Page 16 with tiles over several pages: a table read per token or per page (page_ids; the
+    default with 32/32 heads), and tiles of one page; the default config's heads per program."""
     shapes, variants = PAGE16_SHAPES, PAGE16_VARIANTS
     if bc.DRY_RUN:
         shapes, variants = [(2, 2, 2, 64)], [dict(block_n=32), dict(block_n=32, page_ids=True)]

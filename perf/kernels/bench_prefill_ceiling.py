@@ -39,18 +39,23 @@ DTYPE = torch.bfloat16
 HEADS = [(32, 8), (32, 32)]
 CASES = [("prompt 1x4096", 1, 0, 4096), ("prompt 4x8192", 4, 0, 8192), ("extend 4x(2048+512)", 4, 2048, 512),
          ("chunk 1x(30720+2048)", 1, 30720, 2048)]
-# (block_m, block_n, num_warps, num_stages) of the dense kernel; block_m query tokens of one head
-DENSE = [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)]
-# the paged kernel on a page-64 pool: (block_m rows, block_n, warps, stages)
-PAGED64 = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3)]
+# (block_m, block_n, num_warps, num_stages, warp-specialised) of the dense kernel; block_m query tokens of
+# one head. Warp specialisation (Triton's automatic producer/consumer split of the unmasked loop, what
+# FA3 does by hand) is tried because without it Hopper's async MMA and softmax do not overlap.
+DENSE = [(128, 128, 8, 2, False), (128, 128, 8, 3, False), (128, 64, 8, 3, False), (64, 64, 4, 3, False),
+         (128, 64, 4, 3, False), (128, 128, 4, 2, True), (128, 128, 8, 2, True), (128, 64, 4, 3, True)]
+# the paged kernel on page-64 and page-128 pools: (block_m rows, block_n, warps, stages), each with
+# per-thread loads and with TMA. A page of 128 holds the dense kernel's best tile (128 keys) whole.
+PAGED = {64: [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3)],
+         128: [(64, 128, 4, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3)]}
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _dense_range(acc, l_i, m_i, q, k_desc, v_desc, kv_row, kv_col, pos, start, end, scale_log2,
-                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr):
+                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, WS: tl.constexpr):
     cols = tl.arange(0, BLOCK_N)
-    for n in range(start, end, BLOCK_N):
+    for n in tl.range(start, end, BLOCK_N, warp_specialize=WS):
         k = k_desc.load([kv_row + n, kv_col])
         v = v_desc.load([kv_row + n, kv_col])
         if UPCAST:   # the interpreter's tl.dot multiplies bf16 as raw integers
@@ -74,7 +79,8 @@ def _dense_range(acc, l_i, m_i, q, k_desc, v_desc, kv_row, kv_col, pos, start, e
 
 @triton.jit
 def _dense_kernel(q_desc, k_desc, v_desc, o_desc, q_len, ctx, scale_log2, HQ: tl.constexpr, GROUP: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr,
+                  WS: tl.constexpr):
     # One program: BLOCK_M query tokens of one head of one request; request b's queries are rows
     # b * q_len.., its keys rows b * ctx.. (the last q_len of them are the new tokens').
     mblk = tl.program_id(0)
@@ -96,13 +102,13 @@ def _dense_kernel(q_desc, k_desc, v_desc, o_desc, q_len, ctx, scale_log2, HQ: tl
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     full_end = ((first + 1) // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _dense_range(acc, l_i, m_i, q, k_desc, v_desc, kv_row, kv_col, pos, 0, full_end, scale_log2,
-                                 BLOCK_N, False, UPCAST)
+                                 BLOCK_N, False, UPCAST, WS)
     acc, l_i, m_i = _dense_range(acc, l_i, m_i, q, k_desc, v_desc, kv_row, kv_col, pos, full_end, first + BLOCK_M,
-                                 scale_log2, BLOCK_N, True, UPCAST)
+                                 scale_log2, BLOCK_N, True, UPCAST, False)
     o_desc.store([q_row, h * HEAD_DIM], (acc / l_i[:, None]).to(out_dtype))
 
 
-def dense_attention(q, k, v, q_len, ctx, out, block_m, block_n, num_warps, num_stages):
+def dense_attention(q, k, v, q_len, ctx, out, block_m, block_n, num_warps, num_stages, ws=False):
     """q/out [B * q_len, Hq, D], k/v [B * ctx, Hkv, D] contiguous; q_len a multiple of block_m."""
     from kvshare_kernels.checks import interpreter_bf16
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -116,7 +122,7 @@ def dense_attention(q, k, v, q_len, ctx, out, block_m, block_n, num_warps, num_s
     vd = TensorDescriptor.from_tensor(v.view(-1, hkv * d), [block_n, d])
     _dense_kernel[(q_len // block_m, b * hq)](qd, kd, vd, od, q_len, ctx, d ** -0.5 * LOG2E, HQ=hq, GROUP=hq // hkv,
                                               BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d,
-                                              UPCAST=interpreter_bf16(q.dtype), num_warps=num_warps,
+                                              UPCAST=interpreter_bf16(q.dtype), WS=ws, num_warps=num_warps,
                                               num_stages=num_stages)
     return out
 
@@ -184,24 +190,27 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
         vv = vc.view(b, ctx, hkv, D).transpose(1, 2)
         rec["sdpa_s"] = _time(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=hq != hkv))
     rec["dense"] = {}
-    for bm, bn, w, s in DENSE if not bc.DRY_RUN else [(16, 16, 4, 2)]:
+    for bm, bn, w, s, ws in DENSE if not bc.DRY_RUN else [(16, 16, 4, 2, False), (16, 16, 4, 2, True)]:
         if q_len % bm:
             continue
-        t = _time(lambda: dense_attention(q, kc, vc, q_len, ctx, out, bm, bn, w, s))
-        rec["dense"][f"{bm}x{bn} w{w} s{s}"] = dict(s=t, diff=diff() if t else None)
+        t = _time(lambda: dense_attention(q, kc, vc, q_len, ctx, out, bm, bn, w, s, ws))
+        rec["dense"][f"{bm}x{bn} w{w} s{s}{' ws' if ws else ''}"] = dict(s=t, diff=diff() if t else None)
 
-    k64, v64, pt64 = paged_copy(kc, vc, b, ctx, 64 if not bc.DRY_RUN else 16)
-    del kc, vc
-    bc.free()
-    rec["paged64"] = {}
-    for bm, bn, w, s in PAGED64 if not bc.DRY_RUN else [(16, 16, 4, 2)]:
-        tl64 = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, bm)
-        for tma in (False, True):
-            run = lambda: kernels.paged_prefill_attention(q, k64, v64, pt64, qsl, lens, scale, out, tiles=tl64,  # noqa: E731
-                                                          block_m=bm, block_n=bn, num_warps=w, num_stages=s, tma=tma)
-            t = _time(run)
-            rec["paged64"][f"{bm}x{bn} w{w} s{s}{' tma' if tma else ''}"] = dict(s=t, diff=diff() if t else None)
-    del k64, v64, q, out, ref
+    rec["paged"] = {}
+    for page, configs in PAGED.items() if not bc.DRY_RUN else {16: [(16, 16, 4, 2)], 32: [(16, 32, 4, 2)]}.items():
+        kp, vp, ptp = paged_copy(kc, vc, b, ctx, page)
+        rec["paged"][page] = {}
+        for bm, bn, w, s in configs:
+            tlp = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, bm)
+            for tma in (False, True):
+                run = lambda: kernels.paged_prefill_attention(q, kp, vp, ptp, qsl, lens, scale, out, tiles=tlp,  # noqa: E731
+                                                              block_m=bm, block_n=bn, num_warps=w, num_stages=s,
+                                                              tma=tma)
+                t = _time(run)
+                rec["paged"][page][f"{bm}x{bn} w{w} s{s}{' tma' if tma else ''}"] = dict(s=t, diff=diff() if t else None)
+        del kp, vp
+        bc.free()
+    del kc, vc, q, out, ref
     bc.free()
     return rec
 
@@ -232,26 +241,35 @@ def main(argv=None):
         for name, b, prefix, q_len in cases:
             r = case(flash, hq, hkv, name, b, prefix, q_len)
             records.append(r)
-            p64_ptr = _best({k: v for k, v in r["paged64"].items() if not k.endswith("tma")})
-            p64_tma = _best({k: v for k, v in r["paged64"].items() if k.endswith("tma")})
-            dense = _best(r["dense"])
+            dense = _best({k: v for k, v in r["dense"].items() if not k.endswith("ws")})
+            dense_ws = _best({k: v for k, v in r["dense"].items() if k.endswith("ws")})
             fa = _tf(r, r.get("fa3_s"))
-            cells = [_tf(r, r["paged16_s"]), _tf(r, p64_ptr[1].get("s")), _tf(r, p64_tma[1].get("s")),
-                     _tf(r, dense[1].get("s")), _tf(r, r.get("sdpa_s")), fa]
+            cells, best_tma = [_tf(r, r["paged16_s"])], []
+            for page, d in r["paged"].items():
+                thread, tma = (_best({k: v for k, v in d.items() if ("tma" in k) == t}) for t in (False, True))
+                cells += [_tf(r, thread[1].get("s")), _tf(r, tma[1].get("s"))]
+                best_tma.append(tma[0])
+            cells += [_tf(r, dense[1].get("s")), _tf(r, dense_ws[1].get("s")), _tf(r, r.get("sdpa_s")), fa]
             row = [f"{hq}/{hkv}", name] + ["-" if c is None else f"{c:.0f}" for c in cells]
-            row += ["-" if not (fa and c) else f"{c / fa:.2f}" for c in (cells[0], cells[2], cells[3])]
-            row += [f"{p64_tma[0]} / {dense[0]}"]
+            # against FA3: the engine's launch, each page size's best TMA launch, the dense kernels
+            row += ["-" if not (fa and c) else f"{c / fa:.2f}" for c in (cells[0], *cells[2:-4:2], *cells[-4:-2])]
+            row += [" / ".join(str(x) for x in (*best_tma, dense[0], dense_ws[0]))]
             rows.append(row)
             print("  " + " | ".join(row), flush=True)
-            for label, d in (("paged p64", r["paged64"]), ("dense", r["dense"])):
+            sections = [(f"paged p{page}", d) for page, d in r["paged"].items()] + [("dense", r["dense"])]
+            for label, d in sections:
                 for cfg, v in d.items():
                     detail.append([f"{hq}/{hkv}", name, label, cfg, "-" if not v.get("s") else f"{_tf(r, v['s']):.0f}",
                                    "-" if v.get("diff") is None else f"{v['diff']:.1e}"])
+    pages = list(records[0]["paged"]) if records else []
     bc.print_table("paged prefill against its ceilings, bf16, head_dim 128, causal FLOPs (TFLOP/s): kvshare page 16 "
-                   "as the engine runs it, page 64 with per-thread loads and with TMA (best config), the dense "
-                   "TMA kernel on contiguous K/V (best config), torch SDPA (cuDNN, prompts), vLLM's FA3 on page 16",
-                   ["heads", "case", "p16", "p64", "p64 TMA", "dense TMA", "SDPA", "FA3",
-                    "p16 / FA3", "p64 TMA / FA3", "dense / FA3", "best configs (p64 TMA / dense)"], rows, a.md)
+                   "as the engine runs it; larger pages with per-thread loads and with TMA (best config each); the "
+                   "dense TMA kernel on contiguous K/V (best config, without and with warp specialisation); torch "
+                   "SDPA (cuDNN, prompts); vLLM's FA3 on page 16",
+                   ["heads", "case", "p16"] + [f"p{p}{t}" for p in pages for t in ("", " TMA")]
+                   + ["dense TMA", "dense WS", "SDPA", "FA3", "p16 / FA3"] + [f"p{p} TMA / FA3" for p in pages]
+                   + ["dense / FA3", "dense WS / FA3", "best configs (" + " / ".join(
+                       [f"p{p} TMA" for p in pages] + ["dense", "dense WS"]) + ")"], rows, a.md)
     bc.print_table("every config (TFLOP/s)", ["heads", "case", "kernel", "config", "TFLOP/s",
                                                  "max abs diff vs p16"], detail, a.md)
     bc.dump_json(a.json, dict(fa3=flash is not None, fa3_reason=why, records=records))

@@ -63,7 +63,7 @@ def test_the_suite_runs_both_servers_then_the_kernels_in_five_calls():
     assert [c.stages for c in s.calls] == [("env", "kvshare", "keep-kvshare"),
                                            ("stage-piece1", "kvshare-in-stub", "keep-kvshare-in-stub"),
                                            ("unpack", "vllm", "serving", "serving-in-stub"),
-                                           ("kernels", "prefill-ceiling"), ("prefill-sweep", "decode-page16")]
+                                           ("prefill-ceiling", "decode-page16"), ("kernels", "prefill-sweep")]
     assert s.calls[0].carry == (".carry/fullstack",) and ".carry/vllm/p2" in s.calls[2].carry
     assert "--load-env" in stages["vllm"].cmd and stages["vllm"].needs == ("unpack",)
     # both engine modes in one lease, each with its own table beside the same vllm serve run
