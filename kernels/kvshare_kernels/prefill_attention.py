@@ -217,8 +217,11 @@ def _prefill_kernel(
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
-# Off until measured ahead of the per-thread loads on the GPU (perf/kernels/bench_prefill_ceiling.py).
-TMA_DEFAULT = False
+# Bulk copies where a tile is one page's slice: on a page-64 pool 0-8% ahead of the per-thread loads
+# at every shape, with three stages (perf/kernels/bench_prefill_ceiling.py, H200, 2026-12-06). The
+# engine's page-16 pools never qualify with 64-key tiles.
+TMA_DEFAULT = True
+TMA_NUM_STAGES = 3
 
 
 def tma_applies(k_cache: torch.Tensor, v_cache: torch.Tensor, mode: int, block_n: int) -> bool:
@@ -308,6 +311,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n,
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=page_size,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
-        TILED=tiles is not None, TMA=use_tma, num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
+        TILED=tiles is not None, TMA=use_tma, num_warps=num_warps or NUM_WARPS,
+        num_stages=num_stages or (TMA_NUM_STAGES if use_tma else NUM_STAGES),
     )
     return out
