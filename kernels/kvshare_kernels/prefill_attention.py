@@ -28,6 +28,8 @@ the K/V that later decode steps see.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -36,7 +38,7 @@ from . import checks, kv_quant
 from .checks import interpreter_bf16
 from .kv_tiles import P_GAIN, load_kv_tile, token_scales
 from .kv_write import scale_launch_args
-from .prefill_tiles import IDLE, tokens_per_tile
+from .prefill_tiles import BLOCK_M, IDLE, tokens_per_tile
 
 LOG2E = 1.4426950408889634
 IDLE_TILE: tl.constexpr = tl.constexpr(IDLE)
@@ -59,16 +61,27 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, k_desc, v_desc, kv_col,
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_QUANT: tl.constexpr,
-                  TMA: tl.constexpr):
+                  TMA: tl.constexpr, PREFETCH: tl.constexpr):
     # Keys [start, end), start a multiple of BLOCK_N. CAUSAL: the diagonal tiles, whose rows see
     # different keys and whose last tile may run past `end`. Otherwise every tile is whole and
     # in bounds (the caller's full_end), so no load is masked but over a padded head_dim.
     r = tl.arange(0, BLOCK_N)
+    # PREFETCH (one id per tile): the next tile's page id is read one iteration ahead, so that no
+    # tile's address waits on a table read issued in its own iteration.
+    if PREFETCH:
+        page_next = tl.load(pt_row + start // PAGE_SIZE, mask=start < end, other=0).to(tl.int64)
+    else:
+        page_next = tl.zeros([], dtype=tl.int64)     # not read
     for n in range(start, end, BLOCK_N):
         offs_n = n + r
         n_mask = offs_n < end
         if PAGE_SIZE % BLOCK_N == 0:
-            page = tl.load(pt_row + n // PAGE_SIZE).to(tl.int64)
+            if PREFETCH:
+                page = page_next
+                page_next = tl.load(pt_row + (n + BLOCK_N) // PAGE_SIZE, mask=n + BLOCK_N < end,
+                                    other=0).to(tl.int64)
+            else:
+                page = tl.load(pt_row + n // PAGE_SIZE).to(tl.int64)
             in_page = n % PAGE_SIZE + r
         elif PAGE_SIZE > 1 and BLOCK_N % PAGE_SIZE == 0:
             # One id per page of the tile, repeated over its tokens, instead of a gather per token.
@@ -151,7 +164,7 @@ def _prefill_kernel(
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_sp, stride_st, stride_ptb,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, KV_QUANT: tl.constexpr, TILED: tl.constexpr, TMA: tl.constexpr,
+    UPCAST: tl.constexpr, KV_QUANT: tl.constexpr, TILED: tl.constexpr, TMA: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     if TILED:
         tile = tl.program_id(0)
@@ -199,11 +212,11 @@ def _prefill_kernel(
     acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, 0, full_end, scale_log2,
                                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, KD, VD,
                                   kvh * HEAD_DIM, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, False, PRECISION, UPCAST,
-                                  KV_QUANT, TMA)
+                                  KV_QUANT, TMA, PREFETCH)
     acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, full_end, last_key, scale_log2,
                                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, KD, VD,
                                   kvh * HEAD_DIM, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, True, PRECISION, UPCAST,
-                                  KV_QUANT, TMA)
+                                  KV_QUANT, TMA, PREFETCH)
     if KV_QUANT == 2:
         v_scale = v_scale / P_GAIN
     out = acc * (v_scale / l_i)[:, None]
@@ -217,20 +230,51 @@ def _prefill_kernel(
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
-# Bulk copies where a tile is one page's slice: on a page-64 pool 0-8% ahead of the per-thread loads
-# at every shape, with three stages (perf/kernels/bench_prefill_ceiling.py, H200, 2026-12-06). The
-# engine's page-16 pools never qualify with 64-key tiles.
 TMA_DEFAULT = True
-TMA_NUM_STAGES = 3
 
 
-def tma_applies(k_cache: torch.Tensor, v_cache: torch.Tensor, mode: int, block_n: int) -> bool:
-    """Whether a K/V tile can be one bulk copy: a page holds whole tiles, the pool is a contiguous
-    16-bit [P, S, Hkv, D] tensor and head_dim a power of two (the descriptor's box)."""
+@dataclass(frozen=True)
+class PrefillLaunch:
+    """A prefill launch's tile (rows = query tokens x the group's heads, keys), warps and stages, and
+    whether K/V tiles come by bulk copy (TMA) with each tile's page id read one tile ahead."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    tma: bool = False
+
+
+PER_THREAD = PrefillLaunch(BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES)
+# Where a page holds whole 128- or 64-key tiles, one bulk copy loads a tile and the larger tile pays:
+# 0.80-0.93x FA3 at page 128 and 0.77-0.86x at page 64 on prompts and long chunks, against 0.59-0.69x
+# for the page-16 launch (perf/kernels/bench_prefill_ceiling.py, H200, 2026-12-06). Largest first.
+TMA_LAUNCHES = ((128, PrefillLaunch(128, 128, 8, 3, tma=True)), (64, PrefillLaunch(128, 64, 8, 3, tma=True)))
+
+
+def default_launch(page_size: int, cache_dtype: torch.dtype, head_dim: int, device: torch.device) -> PrefillLaunch:
+    """The launch paged_prefill_attention makes when the caller names no tile, and the tile size the
+    engine must build its work lists with (prefill_tiles.tokens_per_tile(..., block_m)): a function
+    of the pool's shape, dtype and device only, so the two always agree."""
+    if TMA_DEFAULT and tma_capable(cache_dtype, head_dim, device):
+        for multiple, launch in TMA_LAUNCHES:
+            if page_size % multiple == 0:
+                return launch
+    return PER_THREAD
+
+
+def tma_capable(cache_dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
+    """Pages a descriptor can load: unquantized, head_dim a power of two (the box), Hopper or later
+    (the interpreter on the CPU runs descriptors too)."""
+    return (cache_dtype not in (torch.int8, kv_quant.FP8) and head_dim == triton.next_power_of_2(head_dim)
+            and (device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9))
+
+
+def tma_applies(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int) -> bool:
+    """Whether a K/V tile can be one bulk copy: a page holds whole tiles of a contiguous pool that
+    tma_capable accepts."""
     _, page_size, _, d = k_cache.shape
-    return (mode == kv_quant.NONE and page_size % block_n == 0 and d == triton.next_power_of_2(d)
-            and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and (k_cache.device.type != "cuda" or torch.cuda.get_device_capability(k_cache.device)[0] >= 9))
+    return (page_size % block_n == 0 and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and tma_capable(k_cache.dtype, d, k_cache.device))
 
 
 def _page_descriptor(cache: torch.Tensor, block_n: int):
@@ -247,17 +291,21 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             k_scale=None, v_scale=None, tiles: torch.Tensor | None = None,
                             debug: bool | None = None, block_m: int | None = None, block_n: int | None = None,
                             num_warps: int | None = None, num_stages: int | None = None,
-                            tma: bool | None = None) -> torch.Tensor:
+                            tma: bool | None = None, prefetch_page_ids: bool | None = None) -> torch.Tensor:
     """q [T, Hq, D] (requests back to back); query_start_loc int32 [B+1]; context_lens int32 [B].
 
     k_scale/v_scale: an int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats.
     tiles: int32 [N, 2] (request, query block) per program (prefill_tiles.plan_tiles with this
     call's block size; unused entries request -1): the grid is N x KV heads, and max_query_len is
     not used.
+    block_m, block_n, num_warps, num_stages: default_launch's for this pool unless given (a work list
+    must be built with the same block_m).
     tma: load K/V tiles with the tensor-memory accelerator (Hopper's bulk copies through a tensor
     descriptor) instead of per-thread addresses; only where a tile is one page's slice (page_size a
-    multiple of block_n) of a contiguous 16-bit pool with a power-of-two head_dim. None: TMA_DEFAULT
-    where it applies."""
+    multiple of block_n) of a contiguous unquantized pool with a power-of-two head_dim. None: where
+    the default launch does and it applies.
+    prefetch_page_ids: where one page id serves a tile, read the next tile's id one iteration ahead.
+    None: with TMA."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
@@ -283,7 +331,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q = q.contiguous()
     group = hq // hkv
     block_g = triton.next_power_of_2(group)
-    block_mt = tokens_per_tile(hq, hkv, block_m)      # query tokens per program (what a work list is built with)
+    launch = default_launch(page_size, k_cache.dtype, d, q.device)
+    block_mt = tokens_per_tile(hq, hkv, block_m or launch.block_m)   # query tokens per program (a work list's)
     if tiles is not None:
         if checks.debug_enabled(debug):
             checks.check_tile_values(tiles, query_start_loc, block_mt)
@@ -292,11 +341,11 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         max_query_len = t if max_query_len is None else max_query_len
         grid = (triton.cdiv(max_query_len, block_mt), nb, hkv)
     ks, vs, stride_sp, stride_st, kf, vf = scale_launch_args(mode, k_cache, k_scale, v_scale)
-    block_n = block_n or BLOCK_N
-    applies = tma_applies(k_cache, v_cache, mode, block_n)
-    use_tma = (TMA_DEFAULT and applies) if tma is None else tma
+    block_n = block_n or launch.block_n
+    applies = tma_applies(k_cache, v_cache, block_n)
+    use_tma = (launch.tma and applies) if tma is None else tma
     if use_tma and not applies:
-        raise ValueError("paged_prefill_attention: tma needs page_size a multiple of block_n, contiguous 16-bit "
+        raise ValueError("paged_prefill_attention: tma needs page_size a multiple of block_n, contiguous unquantized "
                          f"pools and a power-of-two head_dim (page {page_size}, block_n {block_n}, "
                          f"{k_cache.dtype}, head_dim {d})")
     kd = vd = None
@@ -311,7 +360,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n,
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=page_size,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
-        TILED=tiles is not None, TMA=use_tma, num_warps=num_warps or NUM_WARPS,
-        num_stages=num_stages or (TMA_NUM_STAGES if use_tma else NUM_STAGES),
+        TILED=tiles is not None, TMA=use_tma, PREFETCH=use_tma if prefetch_page_ids is None else prefetch_page_ids,
+        num_warps=num_warps or launch.num_warps, num_stages=num_stages or launch.num_stages,
     )
     return out

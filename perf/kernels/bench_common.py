@@ -127,11 +127,15 @@ def dump_json(path: str | None, obj) -> None:
 
 
 def prefill_tiles(hq: int, hkv: int, b: int, q_len: int, ctx: int, dev, block_m: int | None = None,
-                  longest_first: bool = False):
+                  longest_first: bool = False, page_size: int = 16):
     """The prefill kernel's work list for b requests of q_len new tokens after ctx - q_len cached
-    ones, as the engine builds it (runtime/forward_batch.py): benchmarks time the launch it runs."""
+    ones, as the engine builds it (runtime/forward_batch.py): benchmarks time the launch it runs.
+    block_m None: the kernel's default launch for a bf16 pool of this page size (head_dim 128)."""
     import numpy as np
+    from kvshare_kernels.prefill_attention import default_launch
     from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
+
+    block_m = block_m or default_launch(page_size, torch.bfloat16, 128, torch.device(dev)).block_m
 
     tiles = plan_tiles(np.full(b, q_len), np.full(b, ctx), tokens_per_tile(hq, hkv, block_m),
                        longest_first=longest_first)

@@ -49,7 +49,7 @@ def time_kvshare(hq, hkv, b, prefix, q_len, page_size, **cfg):
     qsl = torch.arange(0, b + 1, dtype=torch.int32, device=dev) * q_len
     q = torch.randn(b * q_len, hq, D, dtype=DTYPE, device=dev)
     out = torch.empty_like(q)
-    tiles = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, cfg.get("block_m"))     # the engine's launch
+    tiles = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, cfg.get("block_m"), page_size=page_size)  # the engine's
     fn = lambda: kernels.paged_prefill_attention(q, k, v, pt, qsl, lens, D ** -0.5, out,  # noqa: E731
                                                  tiles=tiles, **cfg)
     try:

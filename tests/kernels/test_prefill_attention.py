@@ -59,6 +59,16 @@ def test_prefill_tma_tiles(dtype, hq, hkv, device):
     _check(kernels, REQS, 32, hq, hkv, 16, dtype, device, seed=5 + hq, block_m=16, block_n=16, tma=True)
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["thread-loads", "tma"])
+def test_prefill_page_ids_read_a_tile_ahead(tma, device):
+    # the next tile's page id read one iteration ahead: the same answer, contexts ending mid-page
+    # and on page boundaries (REQS), so the last read ahead is masked
+    _check(kernels, REQS, 32, 4, 2, 16, torch.bfloat16, device, seed=11, block_m=16, block_n=16, tma=tma,
+           prefetch_page_ids=True)
+    _check(kernels, REQS, 16, 2, 2, 16, torch.float32, device, seed=12, block_m=16, block_n=16, tma=tma,
+           prefetch_page_ids=True)
+
+
 def test_prefill_tma_refuses_what_it_cannot_load(device):
     case = make_case([8], 4, 1, 16, torch.float32, device)
     q = torch.zeros(8, 1, 16, device=device)
@@ -122,3 +132,43 @@ def test_tiles_must_be_int32_pairs(device):
     with pytest.raises(ValueError, match="tiles must be contiguous int32"):
         kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, 1.0,
                                         tiles=torch.zeros(4, dtype=torch.int64, device=device))
+
+
+def test_default_launch_follows_the_page():
+    from kvshare_kernels.prefill_attention import PER_THREAD, default_launch
+
+    cpu = torch.device("cpu")       # the interpreter loads descriptors like Hopper
+    assert default_launch(16, torch.bfloat16, 128, cpu) == PER_THREAD
+    wide = default_launch(128, torch.bfloat16, 128, cpu)
+    assert (wide.block_m, wide.block_n, wide.num_warps, wide.num_stages, wide.tma) == (128, 128, 8, 3, True)
+    assert default_launch(256, torch.float16, 64, cpu) == wide
+    assert default_launch(64, torch.bfloat16, 128, cpu).block_n == 64
+    # 8-bit pages and a head_dim no box can hold keep the per-thread loads
+    assert default_launch(128, torch.int8, 128, cpu) == PER_THREAD
+    assert default_launch(128, torch.bfloat16, 96, cpu) == PER_THREAD
+
+
+def test_engine_work_list_matches_the_default_launch(device):
+    """The engine builds its work list with default_launch's block_m (runtime/model_runner.py) and
+    launches without naming a tile: on a page-64 pool that is the 128-row TMA launch, and every
+    query row must still be covered exactly once."""
+    from kvshare_kernels.prefill_attention import default_launch
+    from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
+
+    reqs = [(150, 150), (70, 6), (64, 64), (9, 0)]
+    hq, hkv, d = 4, 2, 16
+    case = make_case([n for n, _ in reqs], 64, hkv, d, torch.bfloat16, device, seed=31)
+    launch = default_launch(64, torch.bfloat16, d, torch.device(device))
+    assert launch.tma
+    q_lens = [m for _, m in reqs]
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    q = q.to(torch.bfloat16).to(device)
+    tiles = plan_tiles(q_lens, [n for n, _ in reqs], tokens_per_tile(hq, hkv, launch.block_m))
+    out = kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens,
+                                          d ** -0.5, tiles=torch.from_numpy(tiles).to(device))
+    for i, (n, m) in enumerate(reqs):
+        if m:
+            s = int(qsl[i])
+            ref = dense_attention(q[s: s + m], case.dense_k[i], case.dense_v[i], d ** -0.5)
+            assert rel_err(out[s: s + m], ref) < TOL[torch.bfloat16], f"request {i}"

@@ -96,9 +96,14 @@ class ModelRunner:
         # CUDA: every step with a prefill chunk hands the prefill kernel a work list (forward_batch.py)
         self._prefill_tile_tokens = None
         if device.type == "cuda":
+            from kvshare_kernels.prefill_attention import default_launch
             from kvshare_kernels.prefill_tiles import tokens_per_tile
 
-            self._prefill_tile_tokens = tokens_per_tile(model.config.num_heads, model.config.num_kv_heads)
+            # the kernel's own launch for this pool (larger tiles where a page holds them), so the
+            # work lists match the programs it runs
+            launch = default_launch(kv.page_size, kv.dtype, model.config.head_dim, device)
+            self._prefill_tile_tokens = tokens_per_tile(model.config.num_heads, model.config.num_kv_heads,
+                                                        launch.block_m)
         self.mixed_graphs: MixedGraphRunner | None = None
         if device.type == "cuda" and mixed_graph_tokens:
             self.mixed_graphs = MixedGraphRunner(model, kv, mixed_graph_tokens, max_rows, self.decode_context,
