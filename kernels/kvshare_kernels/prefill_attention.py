@@ -254,8 +254,9 @@ TMA_LAUNCHES = ((128, PrefillLaunch(128, 128, 8, 3, tma=True)), (64, PrefillLaun
 def default_launch(page_size: int, cache_dtype: torch.dtype, head_dim: int, device: torch.device) -> PrefillLaunch:
     """The launch paged_prefill_attention makes when the caller names no tile, and the tile size the
     engine must build its work lists with (prefill_tiles.tokens_per_tile(..., block_m)): a function
-    of the pool's shape, dtype and device only, so the two always agree."""
-    if TMA_DEFAULT and tma_capable(cache_dtype, head_dim, device):
+    of the pool's shape, dtype and device only, so the two always agree. 16-bit pools only: float32
+    tiles of this size and depth would not fit in shared memory."""
+    if TMA_DEFAULT and cache_dtype in (torch.float16, torch.bfloat16) and tma_capable(cache_dtype, head_dim, device):
         for multiple, launch in TMA_LAUNCHES:
             if page_size % multiple == 0:
                 return launch

@@ -145,6 +145,7 @@ def test_default_launch_follows_the_page():
     assert default_launch(64, torch.bfloat16, 128, cpu).block_n == 64
     # 8-bit pages and a head_dim no box can hold keep the per-thread loads
     assert default_launch(128, torch.int8, 128, cpu) == PER_THREAD
+    assert default_launch(128, torch.float32, 128, cpu) == PER_THREAD      # would not fit shared memory
     assert default_launch(128, torch.bfloat16, 96, cpu) == PER_THREAD
 
 
