@@ -105,9 +105,18 @@ PEER_VLLM_LIMITS = {"vllm-7b-c1": 150, "vllm-7b-c12": 180, "vllm-7b-c64": 150, "
 PEER_KVSHARE = tuple(peer_kvshare(g, PEER_KVSHARE_LIMITS[peer_rows.kvshare_stage_name(g)])
                      for g in peer_rows.kvshare_processes())
 PEER_VLLM = tuple(peer_vllm(g, PEER_VLLM_LIMITS[peer_rows.vllm_stage_name(g)]) for g in peer_rows.vllm_engines())
+# The 32k row again with 128-token pages, where prefill loads whole 128-key tiles by TMA
+# (prefill_attention.default_launch): kvshare only, beside the row's page-16 run; not a kvshare-*.json,
+# so the ratio table keeps the default's row.
+_ROW_32K = next(g for g in peer_rows.kvshare_processes() if any(r.workload == "seed-long-32k" for r in g))
+PEER_PAGE128 = Stage("kvshare-8b-page128", (PY, "perf/engine/offline_benchmark.py", "--device", "cuda",
+                                            *peer_rows.kvshare_args(_ROW_32K), "--page-size", "128",
+                                            "--json", "{out}/page128-seed-long-32k.json"), 150,
+                     ("page128-seed-long-32k.json",))
 PEER_STAGES = (
     Stage("stage-piece1", PEER_UNPACK, 60),
     *PEER_KVSHARE,
+    PEER_PAGE128,
     Stage("keep", ("bash", "-c", f"rm -rf {PEER_KEEP} && mkdir -p {PEER_KEEP} && cp {{out}}/kvshare-*.json {PEER_KEEP}/ "
                    f"&& ls -l {PEER_KEEP}"), 30),
     Stage("unpack", PEER_UNPACK, 90),
@@ -116,7 +125,7 @@ PEER_STAGES = (
                     "{out}/table.md", "--json", "{out}/peer.json"), 30, ("table.md", "peer.json")),
 )
 PEER_CALLS = (
-    Call(("stage-piece1", *(s.name for s in PEER_KVSHARE), "keep"), (".carry/vllm/p1",)),
+    Call(("stage-piece1", *(s.name for s in PEER_KVSHARE), PEER_PAGE128.name, "keep"), (".carry/vllm/p1",)),
     Call(("unpack", *(s.name for s in PEER_VLLM), "table"), (".carry/vllm/p2",)),
 )
 
@@ -325,7 +334,7 @@ SUITES: tuple[Suite, ...] = (
     Suite("peer",
           "kvshare vs vLLM 0.25.0's offline engine on the same traces, one lease: fixed-1, seed-12x128, seed-long, "
           "fixed-64, fixed-256 (x3, median), shared-prefix (256 at once), seed-long-32k (Llama-3.1-8B shape, "
-          "8 x 32k -> 256); tok/s, ratio, TTFT p50",
+          "8 x 32k -> 256; kvshare also at page 128); tok/s, ratio, TTFT p50",
           PEER_STAGES, minutes=11, carry=(".carry/vllm/p1", ".carry/vllm/p2"),
           note="two consecutive commands on one warm machine: --call 1 (kvshare's rows; carries piece 1), then "
                "--call 2 (vLLM's rows and the table; carries piece 2); the bundle: bash "
