@@ -1,5 +1,6 @@
 """On a GPU: mixed-step CUDA graphs (prefill chunks beside decode rows) give the eager steps' greedy
-tokens, with overlap scheduling and without (tiny model, fp32)."""
+tokens, with overlap scheduling and without (tiny model, fp32), and at pages large enough for the
+prefill kernel's TMA launch (bf16), whose work lists the engine builds with the same block."""
 from __future__ import annotations
 
 from collections import Counter
@@ -14,10 +15,11 @@ from kvshare.sampling_params import SamplingParams
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-def _generate(mixed_tokens: int, overlap: bool) -> tuple[list[list[int]], Counter]:
-    e = LLMEngine(EngineConfig(model="dummy:tiny-llama", device="cuda", num_pages=256, page_size=4, max_running=8,
-                               max_step_tokens=96, max_prefill_chunk=24, mixed_graph_max_tokens=mixed_tokens,
-                               overlap_schedule=overlap))
+def _generate(mixed_tokens: int, overlap: bool, page_size: int = 4, dtype: str = "float32",
+              num_pages: int = 256) -> tuple[list[list[int]], Counter]:
+    e = LLMEngine(EngineConfig(model="dummy:tiny-llama", device="cuda", dtype=dtype, num_pages=num_pages,
+                               page_size=page_size, max_running=8, max_step_tokens=96, max_prefill_chunk=24,
+                               mixed_graph_max_tokens=mixed_tokens, overlap_schedule=overlap))
     assert (e.runner.mixed_graphs is not None) == (mixed_tokens > 0)
     g = torch.Generator().manual_seed(7)
     # prompts arrive while others decode, so most steps mix a prefill chunk with decode rows; the
@@ -56,3 +58,21 @@ def test_a_step_longer_than_the_largest_graph_runs_eagerly():
     assert e.runner.last_path == "eager"
     while e.has_work:
         e.step()
+
+
+@pytest.mark.parametrize("page_size", [64, 128])
+def test_large_pages_take_the_tma_prefill_launch(page_size):
+    from kvshare_kernels.prefill_attention import default_launch
+    from kvshare_kernels.prefill_tiles import tokens_per_tile
+
+    launch = default_launch(page_size, torch.bfloat16, 16, torch.device("cuda"))
+    if not launch.tma:
+        pytest.skip("TMA needs Hopper or later")
+    assert launch.block_m == 128
+    e = LLMEngine(EngineConfig(model="dummy:tiny-llama", device="cuda", dtype="bfloat16", num_pages=32,
+                               page_size=page_size, mixed_graph_max_tokens=96))
+    assert e.runner.mixed_graphs.buffers.per_tile == tokens_per_tile(4, 2, launch.block_m)
+    graphed, paths = _generate(96, True, page_size, "bfloat16", num_pages=32)
+    eager, _ = _generate(0, True, page_size, "bfloat16", num_pages=32)
+    assert paths["mixed-graph"] >= 4
+    assert graphed == eager
