@@ -118,11 +118,12 @@ PEER_STAGES = (
     *PEER_KVSHARE,
     PEER_PAGE128,
     Stage("keep", ("bash", "-c", f"rm -rf {PEER_KEEP} && mkdir -p {PEER_KEEP} && cp {{out}}/kvshare-*.json {PEER_KEEP}/ "
-                   f"&& ls -l {PEER_KEEP}"), 30),
+                   f"&& {{ cp {{out}}/page128-*.json {PEER_KEEP}/ 2>/dev/null || true; }} && ls -l {PEER_KEEP}"), 30),
     Stage("unpack", PEER_UNPACK, 90),
     *PEER_VLLM,
-    Stage("table", (PY, "-m", "perf.peer.ratio_table", "--kvshare", PEER_KEEP, "--vllm", "{out}", "--md",
-                    "{out}/table.md", "--json", "{out}/peer.json"), 30, ("table.md", "peer.json")),
+    Stage("table", (PY, "-m", "perf.peer.ratio_table", "--kvshare", PEER_KEEP, "--vllm", "{out}", "--variant",
+                    f"page 128={PEER_KEEP}/page128-seed-long-32k.json", "--md", "{out}/table.md", "--json",
+                    "{out}/peer.json"), 30, ("table.md", "peer.json")),
 )
 PEER_CALLS = (
     Call(("stage-piece1", *(s.name for s in PEER_KVSHARE), PEER_PAGE128.name, "keep"), (".carry/vllm/p1",)),

@@ -8,6 +8,9 @@ read), --vllm perf/peer/vllm_offline.py's (files, or folders' vllm-*.json). A wo
 is the one labelled `kvshare` (engine settings in brackets allowed), not `kvshare-no-sharing`. Rows
 come in perf/peer/rows.py's order. Exit status 1 when a row of ROWS lacks a side (the table is still
 written with what there is), so a suite stage says the comparison is incomplete.
+
+--variant "page 128=FILE": kvshare's rows in FILE, run with other engine settings, each as a row
+"<workload> (page 128)" beside vLLM's row of that workload (a missing FILE is reported, not fatal).
 """
 from __future__ import annotations
 
@@ -66,21 +69,25 @@ def spread(row: Row | None) -> str:
     return f"{len(runs)} runs, {100 * (max(runs) - min(runs)) / mid:.0f}%"
 
 
-def comparison(kvshare: Sequence[Row], vllm: Sequence[Row]) -> tuple[list[Row], list[str]]:
-    """One record per workload (ROWS order, then any other workload either side has) and, for each
+def comparison(kvshare: Sequence[Row], vllm: Sequence[Row],
+               variants: dict[str, Sequence[Row]] | None = None) -> tuple[list[Row], list[str]]:
+    """One record per workload (ROWS order, then any other workload either side has, then each
+    variant's workloads as "<workload> (<label>)" against vLLM's row of the workload) and, for each
     workload of ROWS that lacks a side, which."""
     kv = pick(kvshare, is_kvshare)
     vl = pick(vllm, lambda r: r.get("system", "").startswith("vllm"))
     names = [r.workload for r in ROWS] + sorted((set(kv) | set(vl)) - set(BY_WORKLOAD))
+    pairs = [(name, kv.get(name), vl.get(name)) for name in names]
+    for label, rows in (variants or {}).items():
+        pairs += [(f"{w} ({label})", k, vl.get(w)) for w, k in pick(rows, is_kvshare).items()]
     records, missing = [], []
-    for name in names:
-        k, v = kv.get(name), vl.get(name)
+    for name, k, v in pairs:
         if not (k and v):
             if name in BY_WORKLOAD:
                 missing.append(f"{name} (no {' or '.join(s for s, x in (('kvshare', k), ('vLLM', v)) if not x)} row)")
             if not (k or v):
                 continue
-        spec = BY_WORKLOAD.get(name)
+        spec = BY_WORKLOAD.get(name.partition(" (")[0])
         records.append(dict(
             workload=name, model=spec.model if spec else (v or {}).get("model"),
             requests=(k or v)["requests"], max_num_seqs=spec.max_num_seqs if spec else (v or {}).get("max_num_seqs"),
@@ -126,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kvshare", nargs="+", type=Path, required=True, help="offline_benchmark JSON files or folders")
     ap.add_argument("--vllm", nargs="+", type=Path, required=True, help="vllm_offline JSON files or folders")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=FILE",
+                    help="kvshare rows run with other settings, shown as '<workload> (LABEL)'")
     ap.add_argument("--md", type=Path, default=None, help="also write the table here")
     ap.add_argument("--json", type=Path, default=None, help="write both sides' rows and the ratios here")
     a = ap.parse_args(argv)
@@ -134,7 +143,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         kvshare, vllm = read_rows(kv_files), read_rows(vl_files)
     except (OSError, ValueError) as exc:
         ap.error(str(exc))
-    records, missing = comparison(kvshare, vllm)
+    variants: dict[str, list[Row]] = {}
+    for spec in a.variant:
+        label, sep, path = spec.partition("=")
+        if not (sep and label and path):
+            ap.error(f"--variant {spec!r}: expected LABEL=FILE")
+        try:
+            variants[label] = read_rows([Path(path)])
+        except (OSError, ValueError) as exc:
+            print(f"ratio_table: variant {label!r} left out: {exc}", file=sys.stderr)
+    records, missing = comparison(kvshare, vllm, variants)
     md = markdown(records, missing, vllm)
     print(md)
     if a.md:

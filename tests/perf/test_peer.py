@@ -211,6 +211,14 @@ def test_ratio_table_on_hand_made_json(tmp_path):
     assert by["fixed-64"]["ratio"] == pytest.approx(4000 / 800)
     assert by["shared-prefix"]["kvshare_system"] == "kvshare (cache_aware, delay 0)"
     assert len(data["kvshare"]) == len(kv) and len(data["vllm"]) == len(vl)
+    # a row run with other engine settings stands beside vLLM's row of its workload
+    (tmp_path / "p128.json").write_text(json.dumps([_kv("fixed-64", "kvshare", 1600.0)]))
+    ratio_table.main(["--kvshare", str(tmp_path / "kv"), "--vllm", str(tmp_path / "vl"), "--md", str(md_path),
+                      "--variant", f"page 128={tmp_path / 'p128.json'}", "--variant", f"gone={tmp_path / 'none.json'}"])
+    md = md_path.read_text()
+    assert "| fixed-64 (page 128) | llama-2-7b, 128, 64 | 1,600 | 800 | 2.00× |" in md and "(gone)" not in md
+    with pytest.raises(SystemExit):
+        ratio_table.main(["--kvshare", str(tmp_path / "kv"), "--vllm", str(tmp_path / "vl"), "--variant", "nolabel"])
     full = [dict(vl[0], workload="seed-long-32k", requests=8, model="llama-3.1-8b")]
     (tmp_path / "vl" / "vllm-8b.json").write_text(json.dumps(full))
     assert ratio_table.main(["--kvshare", str(tmp_path / "kv"), "--vllm", str(tmp_path / "vl")]) == 0
