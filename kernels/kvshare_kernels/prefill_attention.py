@@ -66,10 +66,15 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
     # different keys and whose last tile may run past `end`. Otherwise every tile is whole and
     # in bounds (the caller's full_end), so no load is masked but over a padded head_dim.
     r = tl.arange(0, BLOCK_N)
-    # PREFETCH (one id per tile): the next tile's page id is read one iteration ahead, so that no
-    # tile's address waits on a table read issued in its own iteration.
+    # PREFETCH: the next tile's page id(s) are read one iteration ahead, so that no tile's address
+    # waits on a table read issued in its own iteration (the launcher sets it only where a tile is
+    # one page's slice or whole pages).
     if PREFETCH:
-        page_next = tl.load(pt_row + start // PAGE_SIZE, mask=start < end, other=0).to(tl.int64)
+        if PAGE_SIZE % BLOCK_N == 0:
+            page_next = tl.load(pt_row + start // PAGE_SIZE, mask=start < end, other=0).to(tl.int64)
+        else:
+            ids_next = start // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
+            pages_next = tl.load(pt_row + ids_next, mask=ids_next * PAGE_SIZE < end, other=0)
     else:
         page_next = tl.zeros([], dtype=tl.int64)     # not read
     for n in range(start, end, BLOCK_N):
@@ -88,7 +93,11 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             # The strides multiply after the reshape: the alignment analysis knows nothing of a
             # reshape's result, and stride x id keeps the K/V rows 16-byte aligned (vector loads).
             ids = n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
-            if CAUSAL:
+            if PREFETCH:
+                pages = pages_next
+                ids_next = ids + BLOCK_N // PAGE_SIZE
+                pages_next = tl.load(pt_row + ids_next, mask=ids_next * PAGE_SIZE < end, other=0)
+            elif CAUSAL:
                 pages = tl.load(pt_row + ids, mask=ids * PAGE_SIZE < end, other=0)
             else:
                 pages = tl.load(pt_row + ids)
@@ -305,8 +314,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     descriptor) instead of per-thread addresses; only where a tile is one page's slice (page_size a
     multiple of block_n) of a contiguous unquantized pool with a power-of-two head_dim. None: where
     the default launch does and it applies.
-    prefetch_page_ids: where one page id serves a tile, read the next tile's id one iteration ahead.
-    None: with TMA."""
+    prefetch_page_ids: where a tile is one page's slice or whole pages, read the next tile's page
+    ids one iteration ahead. None: with TMA."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
@@ -349,6 +358,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         raise ValueError("paged_prefill_attention: tma needs page_size a multiple of block_n, contiguous unquantized "
                          f"pools and a power-of-two head_dim (page {page_size}, block_n {block_n}, "
                          f"{k_cache.dtype}, head_dim {d})")
+    # reading ids ahead needs a tile of one page's slice or of whole pages
+    ahead = (use_tma if prefetch_page_ids is None else prefetch_page_ids) and (
+        page_size % block_n == 0 or (page_size > 1 and block_n % page_size == 0))
     kd = vd = None
     if use_tma:
         kd, vd = (_page_descriptor(c, block_n) for c in (k_cache, v_cache))
@@ -361,7 +373,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n,
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=page_size,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
-        TILED=tiles is not None, TMA=use_tma, PREFETCH=use_tma if prefetch_page_ids is None else prefetch_page_ids,
+        TILED=tiles is not None, TMA=use_tma, PREFETCH=ahead,
         num_warps=num_warps or launch.num_warps, num_stages=num_stages or launch.num_stages,
     )
     return out

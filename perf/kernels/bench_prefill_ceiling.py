@@ -6,7 +6,8 @@
 On the same shapes as bench_peer_attention's prefill rows (bf16, head_dim 128, causal FLOPs,
 TFLOP/s), one process:
 
-* kvshare's paged kernel as the engine launches it (page 16, per-thread loads);
+* kvshare's paged kernel as the engine launches it (page 16, per-thread loads), and at page 16 with
+  its 64 x 64 and a 128 x 128 tile, each with the tile's page ids read per iteration and one ahead;
 * the same kernel on page-64 and page-128 pools, with per-thread loads, with TMA bulk copies (a
   tile is one page's slice, so one descriptor load fetches it) and with TMA and each tile's page id
   read one iteration ahead;
@@ -49,6 +50,9 @@ DENSE = [(128, 128, 8, 3, False), (128, 128, 8, 2, False), (128, 64, 8, 3, False
 # per-thread loads and with TMA. A page of 128 holds the dense kernel's best tile (128 keys) whole.
 PAGED = {64: [(64, 64, 4, 3), (128, 64, 8, 3)],
          128: [(64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 2)]}
+# the page-16 pool (no TMA: a tile spans pages): the engine's tile and the wide one, each with the
+# tile's page ids read per iteration and one iteration ahead
+PAGE16 = [(64, 64, 4, 2), (128, 128, 8, 3)]
 LOG2E = 1.4426950408889634
 
 
@@ -175,6 +179,16 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
     run16 = lambda: kernels.paged_prefill_attention(q, k16, v16, pt16, qsl, lens, scale, ref, tiles=tiles)  # noqa: E731
     rec["paged16_s"] = _time(run16)
     run16()
+    rec["paged16"] = {}
+    for bm, bn, w, s in PAGE16 if not bc.DRY_RUN else [(16, 32, 4, 2)]:
+        tl16 = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, bm)
+        for ahead in (False, True):
+            run = lambda: kernels.paged_prefill_attention(q, k16, v16, pt16, qsl, lens, scale, out, tiles=tl16,  # noqa: E731
+                                                          block_m=bm, block_n=bn, num_warps=w, num_stages=s,
+                                                          prefetch_page_ids=ahead)
+            t = _time(run)
+            rec["paged16"][f"{bm}x{bn} w{w} s{s}{' ahead' if ahead else ''}"] = dict(
+                s=t, diff=(out.float() - ref.float()).abs().max().item() if t else None)
 
     def diff():
         return (out.float() - ref.float()).abs().max().item()
@@ -198,7 +212,7 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
         rec["dense"][f"{bm}x{bn} w{w} s{s}{' ws' if ws else ''}"] = dict(s=t, diff=diff() if t else None)
 
     rec["paged"] = {}
-    for page, configs in PAGED.items() if not bc.DRY_RUN else {16: [(16, 16, 4, 2)], 32: [(16, 32, 4, 2)]}.items():
+    for page, configs in PAGED.items() if not bc.DRY_RUN else {32: [(16, 16, 4, 2), (16, 32, 4, 2)]}.items():
         kp, vp, ptp = paged_copy(kc, vc, b, ctx, page)
         rec["paged"][page] = {}
         for bm, bn, w, s in configs:
@@ -246,7 +260,8 @@ def main(argv=None):
             dense = _best({k: v for k, v in r["dense"].items() if not k.endswith("ws")})
             dense_ws = _best({k: v for k, v in r["dense"].items() if k.endswith("ws")})
             fa = _tf(r, r.get("fa3_s"))
-            cells, best_tma = [_tf(r, r["paged16_s"])], []
+            p16 = _best(r["paged16"])
+            cells, best_tma = [_tf(r, r["paged16_s"]), _tf(r, p16[1].get("s"))], [p16[0]]
             for page, d in r["paged"].items():
                 thread, tma = (_best({k: v for k, v in d.items() if ("tma" in k) == t}) for t in (False, True))
                 cells += [_tf(r, thread[1].get("s")), _tf(r, tma[1].get("s"))]
@@ -254,24 +269,26 @@ def main(argv=None):
             cells += [_tf(r, dense[1].get("s")), _tf(r, dense_ws[1].get("s")), _tf(r, r.get("sdpa_s")), fa]
             row = [f"{hq}/{hkv}", name] + ["-" if c is None else f"{c:.0f}" for c in cells]
             # against FA3: the engine's launch, each page size's best TMA launch, the dense kernels
-            row += ["-" if not (fa and c) else f"{c / fa:.2f}" for c in (cells[0], *cells[2:-4:2], *cells[-4:-2])]
+            row += ["-" if not (fa and c) else f"{c / fa:.2f}" for c in (*cells[:2], *cells[3:-4:2], *cells[-4:-2])]
             row += [" / ".join(str(x) for x in (*best_tma, dense[0], dense_ws[0]))]
             rows.append(row)
             print("  " + " | ".join(row), flush=True)
-            sections = [(f"paged p{page}", d) for page, d in r["paged"].items()] + [("dense", r["dense"])]
+            sections = ([("paged p16", r["paged16"])] + [(f"paged p{page}", d) for page, d in r["paged"].items()]
+                        + [("dense", r["dense"])])
             for label, d in sections:
                 for cfg, v in d.items():
                     detail.append([f"{hq}/{hkv}", name, label, cfg, "-" if not v.get("s") else f"{_tf(r, v['s']):.0f}",
                                    "-" if v.get("diff") is None else f"{v['diff']:.1e}"])
     pages = list(records[0]["paged"]) if records else []
     bc.print_table("paged prefill against its ceilings, bf16, head_dim 128, causal FLOPs (TFLOP/s): kvshare page 16 "
-                   "as the engine runs it; larger pages with per-thread loads and with TMA (best config each); the "
+                   "as the engine runs it and its best tile (ids read ahead or not); larger pages with per-thread loads and with TMA (best config each); the "
                    "dense TMA kernel on contiguous K/V (best config, without and with warp specialisation); torch "
                    "SDPA (cuDNN, prompts); vLLM's FA3 on page 16",
-                   ["heads", "case", "p16"] + [f"p{p}{t}" for p in pages for t in ("", " TMA")]
-                   + ["dense TMA", "dense WS", "SDPA", "FA3", "p16 / FA3"] + [f"p{p} TMA / FA3" for p in pages]
+                   ["heads", "case", "p16", "p16 best"] + [f"p{p}{t}" for p in pages for t in ("", " TMA")]
+                   + ["dense TMA", "dense WS", "SDPA", "FA3", "p16 / FA3", "p16 best / FA3"]
+                   + [f"p{p} TMA / FA3" for p in pages]
                    + ["dense / FA3", "dense WS / FA3", "best configs (" + " / ".join(
-                       [f"p{p} TMA" for p in pages] + ["dense", "dense WS"]) + ")"], rows, a.md)
+                       ["p16 best"] + [f"p{p} TMA" for p in pages] + ["dense", "dense WS"]) + ")"], rows, a.md)
     bc.print_table("every config (TFLOP/s)", ["heads", "case", "kernel", "config", "TFLOP/s",
                                                  "max abs diff vs p16"], detail, a.md)
     bc.dump_json(a.json, dict(fa3=flash is not None, fa3_reason=why, records=records))

@@ -69,6 +69,14 @@ def test_prefill_page_ids_read_a_tile_ahead(tma, device):
            prefetch_page_ids=True)
 
 
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_prefill_page_ids_of_a_multi_page_tile_read_ahead(page_size, device):
+    # a 32-key tile over 8 or 2 pages: the next tile's ids read one iteration ahead, the last read
+    # masked past the context
+    _check(kernels, REQS, page_size, 4, 2, 16, torch.bfloat16, device, seed=13 + page_size, block_m=16, block_n=32,
+           prefetch_page_ids=True)
+
+
 def test_prefill_tma_refuses_what_it_cannot_load(device):
     case = make_case([8], 4, 1, 16, torch.float32, device)
     q = torch.zeros(8, 1, 16, device=device)
