@@ -28,6 +28,7 @@ the K/V that later decode steps see.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -75,8 +76,6 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
         else:
             ids_next = start // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
             pages_next = tl.load(pt_row + ids_next, mask=ids_next * PAGE_SIZE < end, other=0)
-    else:
-        page_next = tl.zeros([], dtype=tl.int64)     # not read
     for n in range(start, end, BLOCK_N):
         offs_n = n + r
         n_mask = offs_n < end
@@ -272,6 +271,7 @@ def default_launch(page_size: int, cache_dtype: torch.dtype, head_dim: int, devi
     return PER_THREAD
 
 
+@functools.lru_cache(maxsize=None)     # every eager prefill launch asks, per layer: one device query
 def tma_capable(cache_dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
     """Pages a descriptor can load: unquantized, head_dim a power of two (the box), Hopper or later
     (the interpreter on the CPU runs descriptors too)."""

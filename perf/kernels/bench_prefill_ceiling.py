@@ -179,6 +179,10 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
     run16 = lambda: kernels.paged_prefill_attention(q, k16, v16, pt16, qsl, lens, scale, ref, tiles=tiles)  # noqa: E731
     rec["paged16_s"] = _time(run16)
     run16()
+
+    def diff():
+        return (out.float() - ref.float()).abs().max().item()
+
     rec["paged16"] = {}
     for bm, bn, w, s in PAGE16 if not bc.DRY_RUN else [(16, 32, 4, 2)]:
         tl16 = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, bm)
@@ -187,11 +191,7 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
                                                           block_m=bm, block_n=bn, num_warps=w, num_stages=s,
                                                           prefetch_page_ids=ahead)
             t = _time(run)
-            rec["paged16"][f"{bm}x{bn} w{w} s{s}{' ahead' if ahead else ''}"] = dict(
-                s=t, diff=(out.float() - ref.float()).abs().max().item() if t else None)
-
-    def diff():
-        return (out.float() - ref.float()).abs().max().item()
+            rec["paged16"][f"{bm}x{bn} w{w} s{s}{' ahead' if ahead else ''}"] = dict(s=t, diff=diff() if t else None)
 
     if flash is not None:
         rec["fa3_s"] = _time(lambda: flash(q, k16, v16, q_len, qsl, ctx, seqused_k=lens, softmax_scale=scale,
