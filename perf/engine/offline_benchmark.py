@@ -523,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   hf generate_batch failed: {type(exc).__name__}: {exc}", flush=True)
         print_table(rows)
         if args.json:   # after every workload: a run cut short keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"\nmachine: {dev}; torch {torch.__version__}; model {loaded.source} {args.dtype}; page size {args.page_size}")

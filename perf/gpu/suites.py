@@ -105,29 +105,55 @@ PEER_VLLM_LIMITS = {"vllm-7b-c1": 150, "vllm-7b-c12": 180, "vllm-7b-c64": 150, "
 PEER_KVSHARE = tuple(peer_kvshare(g, PEER_KVSHARE_LIMITS[peer_rows.kvshare_stage_name(g)])
                      for g in peer_rows.kvshare_processes())
 PEER_VLLM = tuple(peer_vllm(g, PEER_VLLM_LIMITS[peer_rows.vllm_stage_name(g)]) for g in peer_rows.vllm_engines())
-# The 32k row again with 128-token pages, where prefill loads whole 128-key tiles by TMA
-# (prefill_attention.default_launch): kvshare only, beside the row's page-16 run; not a kvshare-*.json,
-# so the ratio table keeps the default's row.
-_ROW_32K = next(g for g in peer_rows.kvshare_processes() if any(r.workload == "seed-long-32k" for r in g))
-PEER_PAGE128 = Stage("kvshare-8b-page128", (PY, "perf/engine/offline_benchmark.py", "--device", "cuda",
-                                            *peer_rows.kvshare_args(_ROW_32K), "--page-size", "128",
-                                            "--json", "{out}/page128-seed-long-32k.json"), 150,
-                     ("page128-seed-long-32k.json",))
+# Every kvshare row again at larger pages, where prefill loads whole tiles by TMA
+# (prefill_attention.default_launch): kvshare only, each page size in a folder of its own, so the
+# ratio table keeps the default's rows and shows these as "<workload> (page N)" beside vLLM's.
+PEER_PAGE_SIZES = (128, 64)
+
+
+def peer_kvshare_paged(group: tuple[peer_rows.PeerRow, ...], page_size: int) -> Stage:
+    name = peer_rows.kvshare_stage_name(group)
+    limit = PEER_KVSHARE_LIMITS[name] * 2 // 3          # no compile cache to fill beyond the new page's kernels
+    return Stage(f"{name}-page{page_size}", (PY, "perf/engine/offline_benchmark.py", "--device", "cuda",
+                                             *peer_rows.kvshare_args(group), "--page-size", str(page_size),
+                                             "--json", f"{{out}}/page{page_size}/{name}.json"),
+                 limit, (f"page{page_size}/{name}.json",))
+
+
+PEER_PAGED = {p: tuple(peer_kvshare_paged(g, p) for g in peer_rows.kvshare_processes()) for p in PEER_PAGE_SIZES}
+
+
+def peer_keep(name: str, pattern: str) -> Stage:
+    """Copies the call's kvshare JSON where the next call's table reads it (/tmp outlives a call)."""
+    return Stage(name, ("bash", "-c", f"mkdir -p {PEER_KEEP} && cp -r {pattern} {PEER_KEEP}/ && ls -lR {PEER_KEEP}"), 30)
+
+
+PEER_VARIANTS = tuple(a for p in PEER_PAGE_SIZES for a in ("--variant", f"page {p}={PEER_KEEP}/page{p}"))
+PEER_TABLE = Stage("table", (PY, "-m", "perf.peer.ratio_table", "--kvshare", PEER_KEEP, "--vllm", "{out}",
+                             *PEER_VARIANTS, "--md", "{out}/table.md", "--json", "{out}/peer.json"), 30,
+                   ("table.md", "peer.json"))
 PEER_STAGES = (
     Stage("stage-piece1", PEER_UNPACK, 60),
     *PEER_KVSHARE,
-    PEER_PAGE128,
+    *PEER_PAGED[128],
     Stage("keep", ("bash", "-c", f"rm -rf {PEER_KEEP} && mkdir -p {PEER_KEEP} && cp {{out}}/kvshare-*.json {PEER_KEEP}/ "
-                   f"&& {{ cp {{out}}/page128-*.json {PEER_KEEP}/ 2>/dev/null || true; }} && ls -l {PEER_KEEP}"), 30),
+                   f"&& {{ cp -r {{out}}/page128 {PEER_KEEP}/ 2>/dev/null || true; }} && ls -lR {PEER_KEEP}"), 30),
     Stage("unpack", PEER_UNPACK, 90),
     *PEER_VLLM,
-    Stage("table", (PY, "-m", "perf.peer.ratio_table", "--kvshare", PEER_KEEP, "--vllm", "{out}", "--variant",
-                    f"page 128={PEER_KEEP}/page128-seed-long-32k.json", "--md", "{out}/table.md", "--json",
-                    "{out}/peer.json"), 30, ("table.md", "peer.json")),
+    PEER_TABLE,
+    peer_keep("keep-vllm", "{out}/vllm-*.json"),
+    *PEER_PAGED[64],
+    peer_keep("keep-page64", "{out}/page64"),
+    # every call gets a fresh OUT: the table is written again from the kept JSON of all three calls
+    Stage("table-pages", (PY, "-m", "perf.peer.ratio_table", "--kvshare", PEER_KEEP, "--vllm", PEER_KEEP,
+                          *PEER_VARIANTS, "--md", "{out}/table.md", "--json", "{out}/peer.json"), 30,
+          ("table.md", "peer.json")),
 )
 PEER_CALLS = (
-    Call(("stage-piece1", *(s.name for s in PEER_KVSHARE), PEER_PAGE128.name, "keep"), (".carry/vllm/p1",)),
-    Call(("unpack", *(s.name for s in PEER_VLLM), "table"), (".carry/vllm/p2",)),
+    Call(("stage-piece1", *(s.name for s in PEER_KVSHARE), *(s.name for s in PEER_PAGED[128]), "keep"),
+         (".carry/vllm/p1",)),
+    Call(("unpack", *(s.name for s in PEER_VLLM), "table", "keep-vllm"), (".carry/vllm/p2",)),
+    Call((*(s.name for s in PEER_PAGED[64]), "keep-page64", "table-pages")),
 )
 
 # Serving side by side (perf/peer/serving.py): call 1 builds the real server's virtualenv from the
@@ -335,10 +361,11 @@ SUITES: tuple[Suite, ...] = (
     Suite("peer",
           "kvshare vs vLLM 0.25.0's offline engine on the same traces, one lease: fixed-1, seed-12x128, seed-long, "
           "fixed-64, fixed-256 (x3, median), shared-prefix (256 at once), seed-long-32k (Llama-3.1-8B shape, "
-          "8 x 32k -> 256; kvshare also at page 128); tok/s, ratio, TTFT p50",
-          PEER_STAGES, minutes=11, carry=(".carry/vllm/p1", ".carry/vllm/p2"),
-          note="two consecutive commands on one warm machine: --call 1 (kvshare's rows; carries piece 1), then "
-               "--call 2 (vLLM's rows and the table; carries piece 2); the bundle: bash "
+          "8 x 32k -> 256); kvshare's rows also at pages 128 and 64; tok/s, ratio, TTFT p50",
+          PEER_STAGES, minutes=16, carry=(".carry/vllm/p1", ".carry/vllm/p2"),
+          note="consecutive commands on one warm machine: --call 1 (kvshare's rows, also at page 128; carries "
+               "piece 1), --call 2 (vLLM's rows and the table; carries piece 2), --call 3 (kvshare's rows at "
+               "page 64, the table again); the bundle: bash "
                "../shared/tools/vllm-h200/build_bundle.sh (perf/peer/README.md)",
           calls=PEER_CALLS),
     Suite("peer-serving",

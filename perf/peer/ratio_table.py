@@ -9,8 +9,9 @@ is the one labelled `kvshare` (engine settings in brackets allowed), not `kvshar
 come in perf/peer/rows.py's order. Exit status 1 when a row of ROWS lacks a side (the table is still
 written with what there is), so a suite stage says the comparison is incomplete.
 
---variant "page 128=FILE": kvshare's rows in FILE, run with other engine settings, each as a row
-"<workload> (page 128)" beside vLLM's row of that workload (a missing FILE is reported, not fatal).
+--variant "page 128=PATH": kvshare's rows in PATH (a file, or a folder's kvshare-*.json), run with other
+engine settings, each as a row "<workload> (page 128)" beside vLLM's row of that workload (a missing
+PATH is reported, not fatal).
 """
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kvshare", nargs="+", type=Path, required=True, help="offline_benchmark JSON files or folders")
     ap.add_argument("--vllm", nargs="+", type=Path, required=True, help="vllm_offline JSON files or folders")
-    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=FILE",
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=PATH",
                     help="kvshare rows run with other settings, shown as '<workload> (LABEL)'")
     ap.add_argument("--md", type=Path, default=None, help="also write the table here")
     ap.add_argument("--json", type=Path, default=None, help="write both sides' rows and the ratios here")
@@ -147,9 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for spec in a.variant:
         label, sep, path = spec.partition("=")
         if not (sep and label and path):
-            ap.error(f"--variant {spec!r}: expected LABEL=FILE")
+            ap.error(f"--variant {spec!r}: expected LABEL=PATH")
         try:
-            variants[label] = read_rows([Path(path)])
+            variants[label] = read_rows(json_files([Path(path)], "kvshare"))
         except (OSError, ValueError) as exc:
             print(f"ratio_table: variant {label!r} left out: {exc}", file=sys.stderr)
     records, missing = comparison(kvshare, vllm, variants)

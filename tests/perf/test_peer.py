@@ -60,10 +60,10 @@ def _arg(cmd, flag):
     return cmd[cmd.index(flag) + 1]
 
 
-def test_the_suite_runs_every_row_on_both_sides_in_two_calls():
+def test_the_suite_runs_every_row_on_both_sides_in_its_first_two_calls():
     suite = BY_NAME["peer"]
     names = [s.name for s in suite.stages]
-    assert len(suite.calls) == 2
+    assert len(suite.calls) == 3
     assert [n for c in suite.calls for n in c.stages] == names             # the calls split the stages, in order
     by = {s.name: s for s in suite.stages}
     for call in suite.calls:
@@ -74,7 +74,7 @@ def test_the_suite_runs_every_row_on_both_sides_in_two_calls():
     kvshare, vllm = {}, {}
     for n in suite.calls[0].stages:
         cmd = by[n].cmd
-        if "perf/engine/offline_benchmark.py" in cmd:
+        if "perf/engine/offline_benchmark.py" in cmd and "--page-size" not in cmd:
             for spec in _arg(cmd, "--workloads").split(","):
                 name, requests, baselines = parse_workload(spec, None, ["generate"])
                 assert baselines == [] and _arg(cmd, "--baselines") == ""
@@ -93,12 +93,30 @@ def test_the_suite_runs_every_row_on_both_sides_in_two_calls():
     assert PEER_KEEP in keep and _arg(table, "--kvshare") == PEER_KEEP
 
 
+def test_every_kvshare_row_runs_again_at_larger_pages_beside_the_same_vllm_rows():
+    suite = BY_NAME["peer"]
+    by = {s.name: s for s in suite.stages}
+    default = {n: by[n].cmd for n in suite.calls[0].stages
+               if "perf/engine/offline_benchmark.py" in by[n].cmd and "--page-size" not in by[n].cmd}
+    for call, page in ((suite.calls[0], "128"), (suite.calls[2], "64")):
+        paged = {n: by[n].cmd for n in call.stages if "--page-size" in by[n].cmd}
+        assert {n.removesuffix(f"-page{page}") for n in paged} == set(default)
+        for n, cmd in paged.items():
+            assert _arg(cmd, "--page-size") == page and _arg(cmd, "--json").startswith(f"{{out}}/page{page}/")
+            base = default[n.removesuffix(f"-page{page}")]
+            assert _arg(cmd, "--workloads") == _arg(base, "--workloads") and _arg(cmd, "--model") == _arg(base, "--model")
+    # call 3 gets a fresh OUT: its table reads vLLM's rows where call 2 kept them
+    last = by["table-pages"].cmd
+    assert _arg(last, "--vllm") == PEER_KEEP and "keep-vllm" in suite.calls[1].stages
+    assert [a for a in last if a.startswith("page ")] == [f"page 128={PEER_KEEP}/page128", f"page 64={PEER_KEEP}/page64"]
+
+
 def test_driver_runs_one_call_of_the_suite(capsys):
     assert driver.main(["peer", "--call", "2", "--dry-run", "--out", "/tmp/kvshare-peer-dry"]) == 0
     out = capsys.readouterr().out
     assert "[unpack," in out and "perf.peer.vllm_offline --rows seed-12x128,seed-long" in out
     assert "offline_benchmark" not in out and "[table," in out
-    for bad in (["engine", "--call", "1"], ["peer", "--call", "3"], ["peer", "--call", "1", "--only", "keep"]):
+    for bad in (["engine", "--call", "1"], ["peer", "--call", "4"], ["peer", "--call", "1", "--only", "keep"]):
         with pytest.raises(SystemExit):
             driver.main([*bad, "--dry-run"])
 
@@ -217,6 +235,11 @@ def test_ratio_table_on_hand_made_json(tmp_path):
                       "--variant", f"page 128={tmp_path / 'p128.json'}", "--variant", f"gone={tmp_path / 'none.json'}"])
     md = md_path.read_text()
     assert "| fixed-64 (page 128) | llama-2-7b, 128, 64 | 1,600 | 800 | 2.00× |" in md and "(gone)" not in md
+    (tmp_path / "p64").mkdir()                                          # a folder's kvshare-*.json
+    (tmp_path / "p64" / "kvshare-7b.json").write_text(json.dumps([_kv("fixed-64", "kvshare", 1200.0)]))
+    ratio_table.main(["--kvshare", str(tmp_path / "kv"), "--vllm", str(tmp_path / "vl"), "--md", str(md_path),
+                      "--variant", f"page 64={tmp_path / 'p64'}"])
+    assert "| fixed-64 (page 64) | llama-2-7b, 128, 64 | 1,200 | 800 | 1.50× |" in md_path.read_text()
     with pytest.raises(SystemExit):
         ratio_table.main(["--kvshare", str(tmp_path / "kv"), "--vllm", str(tmp_path / "vl"), "--variant", "nolabel"])
     full = [dict(vl[0], workload="seed-long-32k", requests=8, model="llama-3.1-8b")]
