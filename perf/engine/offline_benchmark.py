@@ -237,6 +237,15 @@ def run_kvshare(loaded: LoadedModel, trace: Trace, args, *, sharing: bool, label
             shutil.rmtree(disk_dir, ignore_errors=True)
 
 
+ACTIVATION_MARGIN_GB = 4.0   # activations, CUDA graphs and the allocator's slack beside the pool
+
+
+def fit_kv_gb(requested_gb: float, total_gb: float, weights_gb: float) -> float:
+    """The pool asked for, or on a smaller GPU what vLLM's gpu_memory_utilization 0.9 leaves for KV
+    (a row sized for an H200 then runs on an H100 beside vLLM's pool there)."""
+    return min(requested_gb, float(int(0.9 * total_gb - weights_gb - ACTIVATION_MARGIN_GB)))
+
+
 def _run_kvshare(loaded: LoadedModel, trace: Trace, args, sharing: bool, label: str, concurrency: int,
                  disk_dir: str) -> Row:
     cfg = EngineConfig(model=loaded.source, device=args.device, dtype=args.dtype, page_size=args.page_size,
@@ -476,6 +485,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.mkldnn.enabled = True
     loaded = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device,
                         cpu_blocks=args.cpu_weights == "blocks")
+    if args.device.startswith("cuda"):
+        fitted = fit_kv_gb(args.kv_gb, torch.cuda.get_device_properties(0).total_memory / 2**30,
+                           torch.cuda.memory_allocated() / 2**30)
+        if fitted < args.kv_gb:
+            print(f"--kv-gb {args.kv_gb:g} does not fit this GPU: the pool is {fitted:g} GiB "
+                  f"(0.9 of its memory less the weights and {ACTIVATION_MARGIN_GB:g} GiB, as vLLM's default leaves)")
+            args.kv_gb = fitted
     default_baselines = [b for b in args.baselines.split(",") if b]
     specs = [parse_workload(w, args.max_requests, default_baselines) for w in args.workloads.split(",") if w]
     hf = hf_model(loaded, args) if any({"generate", "generate_batch"} & set(b) for _, _, b in specs) else None

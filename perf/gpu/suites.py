@@ -113,9 +113,9 @@ PEER_PAGE_SIZES = (128, 64)
 
 def peer_kvshare_paged(group: tuple[peer_rows.PeerRow, ...], page_size: int) -> Stage:
     name = peer_rows.kvshare_stage_name(group)
-    limit = PEER_KVSHARE_LIMITS[name] * 2 // 3          # no compile cache to fill beyond the new page's kernels
+    limit = PEER_KVSHARE_LIMITS[name] * 2 // 3          # one run of each row (the default's rows take 3)
     return Stage(f"{name}-page{page_size}", (PY, "perf/engine/offline_benchmark.py", "--device", "cuda",
-                                             *peer_rows.kvshare_args(group), "--page-size", str(page_size),
+                                             *peer_rows.kvshare_args(group), "--repeat", "1", "--page-size", str(page_size),
                                              "--json", f"{{out}}/page{page_size}/{name}.json"),
                  limit, (f"page{page_size}/{name}.json",))
 

@@ -132,3 +132,10 @@ def test_row_hit_rate_leaves_the_warm_up_out():
     assert ob.hit_rate_since(warm, stats(2048 + 4096, 1016)) == 0.0          # distinct prompts: no hit
     assert ob.hit_rate_since(warm, stats(2048 + 4096, 1016 + 1024)) == 0.25
     assert ob.hit_rate_since(warm, warm) == 0.0
+
+
+def test_a_pool_sized_for_an_h200_shrinks_to_what_vllms_default_leaves_on_a_smaller_gpu():
+    from perf.engine.offline_benchmark import fit_kv_gb
+    assert fit_kv_gb(100, total_gb=140.0, weights_gb=12.6) == 100          # an H200 holds it
+    assert fit_kv_gb(100, total_gb=79.2, weights_gb=12.6) == 54             # an H100: 0.9 x 79.2 - 12.6 - 4
+    assert fit_kv_gb(40, total_gb=79.2, weights_gb=12.6) == 40

