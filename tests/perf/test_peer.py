@@ -60,16 +60,17 @@ def _arg(cmd, flag):
     return cmd[cmd.index(flag) + 1]
 
 
-def test_the_suite_runs_every_row_on_both_sides_in_its_first_two_calls():
+def test_the_suite_runs_every_row_on_both_sides_in_its_first_three_calls():
     suite = BY_NAME["peer"]
     names = [s.name for s in suite.stages]
-    assert len(suite.calls) == 3
+    assert len(suite.calls) == 4
     assert [n for c in suite.calls for n in c.stages] == names             # the calls split the stages, in order
     by = {s.name: s for s in suite.stages}
-    for call in suite.calls:
+    for i, call in enumerate(suite.calls):
         assert set(call.carry) <= set(suite.carry)
         for n in call.stages:
-            assert set(by[n].needs) <= set(call.stages), "a need runs in the same command"
+            earlier = {m for c in suite.calls[:i + 1] for m in c.stages}
+            assert set(by[n].needs) <= earlier, "a need runs in the same command or an earlier one"
     assert ".carry/vllm/p1" in suite.calls[0].carry and ".carry/vllm/p2" in suite.calls[1].carry
     kvshare, vllm = {}, {}
     for n in suite.calls[0].stages:
@@ -79,10 +80,10 @@ def test_the_suite_runs_every_row_on_both_sides_in_its_first_two_calls():
                 name, requests, baselines = parse_workload(spec, None, ["generate"])
                 assert baselines == [] and _arg(cmd, "--baselines") == ""
                 kvshare[name] = (requests, _arg(cmd, "--model"), int(_arg(cmd, "--repeat")), "--open-loop" in cmd)
-    for n in suite.calls[1].stages:
+    for n in (*suite.calls[1].stages, *suite.calls[2].stages):
         cmd = by[n].cmd
         if "perf.peer.vllm_offline" in cmd:
-            assert by[n].python_path == ("/tmp/site",) and by[n].needs == ("unpack",)
+            assert by[n].python_path == ("/tmp/site",) and by[n].needs in (("unpack",), ())
             for name in _arg(cmd, "--rows").split(","):
                 vllm[name] = n
     assert set(kvshare) == set(vllm) == {r.workload for r in rows.ROWS}
@@ -98,16 +99,16 @@ def test_every_kvshare_row_runs_again_at_larger_pages_beside_the_same_vllm_rows(
     by = {s.name: s for s in suite.stages}
     default = {n: by[n].cmd for n in suite.calls[0].stages
                if "perf/engine/offline_benchmark.py" in by[n].cmd and "--page-size" not in by[n].cmd}
-    for call, page in ((suite.calls[0], "128"), (suite.calls[2], "64")):
+    for call, page in ((suite.calls[0], "128"), (suite.calls[3], "64")):
         paged = {n: by[n].cmd for n in call.stages if "--page-size" in by[n].cmd}
         assert {n.removesuffix(f"-page{page}") for n in paged} == set(default)
         for n, cmd in paged.items():
             assert _arg(cmd, "--page-size") == page and _arg(cmd, "--json").startswith(f"{{out}}/page{page}/")
             base = default[n.removesuffix(f"-page{page}")]
             assert _arg(cmd, "--workloads") == _arg(base, "--workloads") and _arg(cmd, "--model") == _arg(base, "--model")
-    # call 3 gets a fresh OUT: its table reads vLLM's rows where call 2 kept them
+    # each call may get a fresh OUT: the last table reads vLLM's rows where call 3 kept them
     last = by["table-pages"].cmd
-    assert _arg(last, "--vllm") == PEER_KEEP and "keep-vllm" in suite.calls[1].stages
+    assert _arg(last, "--vllm") == PEER_KEEP and "keep-vllm" in suite.calls[2].stages
     assert [a for a in last if a.startswith("page ")] == [f"page 128={PEER_KEEP}/page128", f"page 64={PEER_KEEP}/page64"]
 
 
@@ -115,8 +116,11 @@ def test_driver_runs_one_call_of_the_suite(capsys):
     assert driver.main(["peer", "--call", "2", "--dry-run", "--out", "/tmp/kvshare-peer-dry"]) == 0
     out = capsys.readouterr().out
     assert "[unpack," in out and "perf.peer.vllm_offline --rows seed-12x128,seed-long" in out
-    assert "offline_benchmark" not in out and "[table," in out
-    for bad in (["engine", "--call", "1"], ["peer", "--call", "4"], ["peer", "--call", "1", "--only", "keep"]):
+    assert "offline_benchmark" not in out and "[table," not in out
+    assert driver.main(["peer", "--call", "3", "--dry-run", "--out", "/tmp/kvshare-peer-dry"]) == 0
+    out = capsys.readouterr().out
+    assert "perf.peer.vllm_offline --rows fixed-256,shared-prefix" in out and "[table," in out
+    for bad in (["engine", "--call", "1"], ["peer", "--call", "5"], ["peer", "--call", "1", "--only", "keep"]):
         with pytest.raises(SystemExit):
             driver.main([*bad, "--dry-run"])
 

@@ -135,6 +135,10 @@ class KVCacheManager:
         record = self._seqs.get(seq_id)
         return tuple(record.table) if record else ()
 
+    def growth_pages(self, seq_id: int, num_tokens: int, more: int) -> int:
+        """Pages the sequence lacks to hold `more` tokens past its first num_tokens."""
+        return max(0, self.pages_for(num_tokens + more) - len(self._seqs[seq_id].table))
+
     def capacity_tokens(self, seq_id: int) -> int:
         """Tokens the sequence could hold right now if it took every allocatable page."""
         return (len(self._seqs[seq_id].table) + self.pool.num_allocatable) * self.page_size

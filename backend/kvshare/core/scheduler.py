@@ -15,9 +15,10 @@ schedule() fills a budget of max_step_tokens in three passes, oldest sequence fi
 A running sequence that needs a page when none is allocatable preempts the most recently
 admitted running sequence not yet scheduled in this step (possibly itself): its pages are
 freed (full pages stay cached, so recomputing is mostly prefix hits) and it goes to the FRONT
-of the waiting queue. Admission keeps one allocatable page per running sequence in reserve, so
-each running sequence can cross a page boundary before anyone must be preempted, and nothing
-is admitted in a step that preempted. Under either policy preempted sequences go first and the
+of the waiting queue. Admission keeps pages in reserve so that every running sequence can grow
+reserve_tokens (default RESERVE_TOKENS, at most a page) past this step before anyone must be preempted; up to page 16 that
+is one page per running sequence, at larger pages only the sequences near the end of their last
+page count. Nothing is admitted in a step that preempted. Under either policy preempted sequences go first and the
 head of the admission order blocks the rest when it does not fit (nobody jumps a blocked head).
 
 Admission delay (admission_delay_steps = d, default 0 = off): admitting even one request turns a
@@ -53,6 +54,10 @@ ADMISSION_POLICIES: tuple[str, ...] = ("cache_aware", "fcfs")
 # appear; above, the hit rate gains a little (64: 81.8% vs 78.1% at 5,120 pages) while the longest
 # wait grows more (+17% at 5,120 pages, +33% at 12,800). At 64 in flight the bound never binds.
 DEFAULT_MAX_ADMISSION_SKIPS = 32
+# Tokens of growth past this step that admission keeps pages for, for every running sequence. One page
+# per running sequence at page 16 (the rule this generalises); counting pages at 128-token pages, it held
+# a third of a pool of 128 + 128-token requests back (fixed-256 in 640 pages: 219 of 256 admitted).
+RESERVE_TOKENS = 16
 # Waiting requests probed per step; the rest wait in arrival order (SGLang: FCFS past 128).
 DEFAULT_ADMISSION_PROBE_LIMIT = 128
 # Queued requests at the head whose disk-tier pages are staged in host slots while they wait; reads per
@@ -73,10 +78,11 @@ class Scheduler:
         max_admission_skips: int = DEFAULT_MAX_ADMISSION_SKIPS,
         admission_probe_limit: int = DEFAULT_ADMISSION_PROBE_LIMIT,
         admission_delay_steps: int = 0,
+        reserve_tokens: int = RESERVE_TOKENS,
     ) -> None:
         for name, value in (("max_running", max_running), ("max_step_tokens", max_step_tokens),
                             ("max_prefill_chunk", max_prefill_chunk),
-                            ("admission_probe_limit", admission_probe_limit)):
+                            ("admission_probe_limit", admission_probe_limit), ("reserve_tokens", reserve_tokens)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         for name, value in (("max_admission_skips", max_admission_skips),
@@ -90,6 +96,8 @@ class Scheduler:
         self.max_running = max_running
         self.max_step_tokens = max_step_tokens
         self.max_prefill_chunk = max_prefill_chunk
+        # growth past a step kept in reserve for each running sequence; >= page_size: a page each
+        self.reserve_tokens = min(reserve_tokens, kv.page_size)
         self.debug_checks = debug_checks
         self.admission = policy
         self.max_admission_skips = max_admission_skips
@@ -282,15 +290,18 @@ class Scheduler:
         fork = self._fork_source(seq)
         if fork == -1:
             return False  # the parent has not computed the shared prompt yet: wait for it (it runs)
+        if step.reserve is None:
+            step.reserve = self._reserve_pages(step)
         if fork is not None:
-            admission = self.kv.fork(seq.seq_id, fork, seq.num_prompt_tokens - 1, reserve_pages=len(self._running))
+            admission = self.kv.fork(seq.seq_id, fork, seq.num_prompt_tokens - 1, reserve_pages=step.reserve)
         else:
             admission = self.kv.admit(
                 seq.seq_id, seq.token_ids, seq.salt,
-                token_budget=min(step.budget, self.max_prefill_chunk), reserve_pages=len(self._running),
+                token_budget=min(step.budget, self.max_prefill_chunk), reserve_pages=step.reserve,
             )
         if admission is None:
             return False
+        step.reserve += self._growth(seq.seq_id, admission.num_cached_tokens + admission.num_tokens)
         seq.fork_of = None  # readmission after a preemption goes through the prefix cache
         del self._waiting[seq.seq_id]
         info = self._fresh.pop(seq.seq_id, None)
@@ -310,6 +321,17 @@ class Scheduler:
             step.copies.append(admission.copy)
         step.prefills.append(step.chunk(seq, admission.num_tokens))
         return True
+
+    def _reserve_pages(self, step: _StepBuilder) -> int:
+        """Pages that let every running sequence grow reserve_tokens past this step. O(1) when that
+        is a whole page (page 16 and below by default): one page each, whatever a sequence holds."""
+        if self.reserve_tokens == self.kv.page_size:
+            return len(self._running)
+        return sum(self._growth(s.seq_id, s.num_computed + step.scheduled.get(s.seq_id, 0))
+                   for s in self._running.values())
+
+    def _growth(self, seq_id: int, num_tokens: int) -> int:
+        return self.kv.growth_pages(seq_id, num_tokens, self.reserve_tokens)
 
     def _fork_source(self, seq: Sequence) -> int | None:
         """The parent to fork from now, -1 to wait for it (it is running its prefill, so it will get
@@ -615,7 +637,8 @@ class _FreshInfo:
 @dataclass
 class _StepBuilder:
     budget: int
-    scheduled: set[int] = field(default_factory=set)
+    scheduled: dict[int, int] = field(default_factory=dict)  # seq id -> tokens it computes in this step
+    reserve: int | None = None  # admission's reserve pages (_reserve_pages), once admission starts
     decodes: list[ScheduledChunk] = field(default_factory=list)
     prefills: list[ScheduledChunk] = field(default_factory=list)
     copies: list[PageCopy] = field(default_factory=list)
@@ -623,7 +646,7 @@ class _StepBuilder:
     admitted_arrival: int = -1  # latest arrival number admitted in this step (cache_aware)
 
     def chunk(self, seq: Sequence, num_tokens: int) -> ScheduledChunk:
-        self.scheduled.add(seq.seq_id)
+        self.scheduled[seq.seq_id] = num_tokens
         self.budget -= num_tokens
         end = seq.num_computed + num_tokens
         return ScheduledChunk(seq.seq_id, seq.num_computed, num_tokens, samples=end == seq.num_tokens)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from core_sim import ShadowRunner, make_runner
 
 from kvshare.core import PageCopy, Scheduler, SeqState
@@ -168,6 +172,37 @@ def test_admission_keeps_a_page_per_running_sequence_in_reserve() -> None:
     assert sim.scheduler.num_waiting == 2  # FCFS: seq 3 does not jump the queue
     assert shape(sim.step()) == [(1, 5, 1, True)]
     assert shape(sim.step()) == [(2, 0, 2, True), (3, 0, 1, True)]
+
+
+@pytest.mark.parametrize("prompt, admitted", [(2, True), (20, False)])
+def test_at_large_pages_the_reserve_covers_only_sequences_near_their_last_pages_end(prompt, admitted) -> None:
+    # page 32: seq 1 holds 1 page; with a 2-token prompt it grows 16 tokens (RESERVE_TOKENS) without
+    # a new page, with 20 it needs one, so seq 2 (2 pages) fits beside it only in the first case
+    sim = make(num_pages=3, page_size=32)
+    sim.add(1, list(range(1, prompt + 1)), max_new_tokens=4)
+    sim.add(2, list(range(100, 164)), max_new_tokens=1)
+    assert [c.seq_id for c in sim.step().chunks] == ([1, 2] if admitted else [1])
+    sim.run_until_idle()
+    assert len(sim.tokens[1]) == prompt + 4 and len(sim.tokens[2]) == 65
+    assert sim.scheduler.stats().active == 0
+
+
+@given(page_size=st.integers(17, 48), num_pages=st.integers(4, 12), seed=st.integers(0, 2**16),
+       requests=st.integers(1, 10))
+@settings(max_examples=60, deadline=None)
+def test_large_pages_finish_every_request_with_exact_kv_and_no_page_leak(page_size, num_pages, seed,
+                                                                        requests) -> None:
+    rng = random.Random(seed)
+    sim = make(num_pages=num_pages, page_size=page_size, max_running=4, max_step_tokens=96, max_prefill_chunk=48)
+    want = {}
+    for i in range(requests):
+        prompt = [rng.randrange(1, 50) for _ in range(rng.randint(1, page_size * 2))]
+        new = rng.randint(1, page_size)
+        sim.add(i, prompt, max_new_tokens=new)
+        want[i] = len(prompt) + new
+    sim.run_until_idle()
+    assert {i: len(t) for i, t in sim.tokens.items()} == want   # the shadow runner checked every slot read
+    assert sim.scheduler.stats().active == 0
 
 
 @pytest.mark.parametrize("state", ["waiting", "mid-prefill", "decoding", "preempted", "in-flight", "done"])
