@@ -121,6 +121,14 @@ def peer_kvshare_paged(group: tuple[peer_rows.PeerRow, ...], page_size: int) -> 
 
 
 PEER_PAGED = {p: tuple(peer_kvshare_paged(g, p) for g in peer_rows.kvshare_processes()) for p in PEER_PAGE_SIZES}
+_ROW_32K = next(g for g in peer_rows.kvshare_processes() if any(r.workload == "seed-long-32k" for r in g))
+# The 32k row at page 128 with steps of vLLM's size (its max_num_batched_tokens is 16,384 there): a
+# 32k prompt then takes 4 steps instead of 16, each with 4x the queries per pass over the context.
+PEER_32K_STEPS = Stage("kvshare-8b-page128-steps16k", (PY, "perf/engine/offline_benchmark.py", "--device", "cuda",
+                                                       *peer_rows.kvshare_args(_ROW_32K), "--page-size", "128",
+                                                       "--max-step-tokens", "16384", "--max-prefill-chunk", "8192",
+                                                       "--json", "{out}/page128-steps16k/kvshare-8b.json"), 160,
+                       ("page128-steps16k/kvshare-8b.json",))
 
 
 def peer_keep(name: str, pattern: str) -> Stage:
@@ -128,7 +136,8 @@ def peer_keep(name: str, pattern: str) -> Stage:
     return Stage(name, ("bash", "-c", f"mkdir -p {PEER_KEEP} && cp -r {pattern} {PEER_KEEP}/ && ls -lR {PEER_KEEP}"), 30)
 
 
-PEER_VARIANTS = tuple(a for p in PEER_PAGE_SIZES for a in ("--variant", f"page {p}={PEER_KEEP}/page{p}"))
+PEER_VARIANTS = (*(a for p in PEER_PAGE_SIZES for a in ("--variant", f"page {p}={PEER_KEEP}/page{p}")),
+                 "--variant", f"page 128, 16k-token steps={PEER_KEEP}/page128-steps16k")
 PEER_TABLE = Stage("table", (PY, "-m", "perf.peer.ratio_table", "--kvshare", PEER_KEEP, "--vllm", "{out}",
                              *PEER_VARIANTS, "--md", "{out}/table.md", "--json", "{out}/peer.json"), 30,
                    ("table.md", "peer.json"))
@@ -143,7 +152,8 @@ PEER_STAGES = (
     PEER_TABLE,
     peer_keep("keep-vllm", "{out}/vllm-*.json"),
     *PEER_PAGED[64],
-    peer_keep("keep-page64", "{out}/page64"),
+    PEER_32K_STEPS,
+    peer_keep("keep-page64", "{out}/page64 {out}/page128-steps16k"),
     # every call gets a fresh OUT: the table is written again from the kept JSON of all three calls
     Stage("table-pages", (PY, "-m", "perf.peer.ratio_table", "--kvshare", PEER_KEEP, "--vllm", PEER_KEEP,
                           *PEER_VARIANTS, "--md", "{out}/table.md", "--json", "{out}/peer.json"), 30,
@@ -155,7 +165,7 @@ PEER_CALLS = (
     # vLLM's engines in two commands: on an H100 all five ran past one command's 600 s
     Call(("unpack", *(s.name for s in PEER_VLLM[:3])), (".carry/vllm/p2",)),
     Call((*(s.name for s in PEER_VLLM[3:]), "table", "keep-vllm")),
-    Call((*(s.name for s in PEER_PAGED[64]), "keep-page64", "table-pages")),
+    Call((*(s.name for s in PEER_PAGED[64]), PEER_32K_STEPS.name, "keep-page64", "table-pages")),
 )
 
 # Serving side by side (perf/peer/serving.py): call 1 builds the real server's virtualenv from the

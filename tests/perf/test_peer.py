@@ -100,7 +100,7 @@ def test_every_kvshare_row_runs_again_at_larger_pages_beside_the_same_vllm_rows(
     default = {n: by[n].cmd for n in suite.calls[0].stages
                if "perf/engine/offline_benchmark.py" in by[n].cmd and "--page-size" not in by[n].cmd}
     for call, page in ((suite.calls[0], "128"), (suite.calls[3], "64")):
-        paged = {n: by[n].cmd for n in call.stages if "--page-size" in by[n].cmd}
+        paged = {n: by[n].cmd for n in call.stages if n.endswith(f"-page{page}") and "--page-size" in by[n].cmd}
         assert {n.removesuffix(f"-page{page}") for n in paged} == set(default)
         for n, cmd in paged.items():
             assert _arg(cmd, "--page-size") == page and _arg(cmd, "--json").startswith(f"{{out}}/page{page}/")
@@ -109,7 +109,11 @@ def test_every_kvshare_row_runs_again_at_larger_pages_beside_the_same_vllm_rows(
     # each call may get a fresh OUT: the last table reads vLLM's rows where call 3 kept them
     last = by["table-pages"].cmd
     assert _arg(last, "--vllm") == PEER_KEEP and "keep-vllm" in suite.calls[2].stages
-    assert [a for a in last if a.startswith("page ")] == [f"page 128={PEER_KEEP}/page128", f"page 64={PEER_KEEP}/page64"]
+    assert [a for a in last if a.startswith("page ")] == [f"page 128={PEER_KEEP}/page128", f"page 64={PEER_KEEP}/page64",
+                                                          f"page 128, 16k-token steps={PEER_KEEP}/page128-steps16k"]
+    steps = by["kvshare-8b-page128-steps16k"].cmd            # the 32k row with vLLM's step size
+    assert _arg(steps, "--max-step-tokens") == "16384" and _arg(steps, "--workloads") == "seed-long-32k:8:"
+    assert "{out}/page128-steps16k" in by["keep-page64"].cmd[-1]
 
 
 def test_driver_runs_one_call_of_the_suite(capsys):
