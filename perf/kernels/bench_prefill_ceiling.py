@@ -7,7 +7,8 @@ On the same shapes as bench_peer_attention's prefill rows (bf16, head_dim 128, c
 TFLOP/s), one process:
 
 * kvshare's paged kernel as the engine launches it (page 16, per-thread loads), and at page 16 with
-  its 64 x 64 and a 128 x 128 tile, each with the tile's page ids read per iteration and one ahead;
+  its 64 x 64, a 128 x 64 and a 128 x 128 tile, each with the tile's page ids read per iteration and
+  one ahead;
 * the same kernel on page-64 and page-128 pools, with per-thread loads, with TMA bulk copies (a
   tile is one page's slice, so one descriptor load fetches it) and with TMA and each tile's page id
   read one iteration ahead;
@@ -52,7 +53,7 @@ PAGED = {64: [(64, 64, 4, 3), (128, 64, 8, 3)],
          128: [(64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 2)]}
 # the page-16 pool (no TMA: a tile spans pages): the engine's tile and the wide one, each with the
 # tile's page ids read per iteration and one iteration ahead
-PAGE16 = [(64, 64, 4, 2), (128, 128, 8, 3)]
+PAGE16 = [(64, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3)]   # the engine's tile, then the TMA launches' shapes
 LOG2E = 1.4426950408889634
 
 
