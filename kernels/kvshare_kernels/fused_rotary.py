@@ -93,9 +93,11 @@ def _rotary_kernel(Q, K, V, COS, SIN, POS, KC, VC, KS, VS, SLOTS, inv_k_scale, i
                    stride_kcp, stride_kct, stride_kch, stride_vcp, stride_vct, stride_vch, stride_sp, stride_st,
                    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr, KV_QUANT: tl.constexpr):
-    """TO_CACHE: rotated k and v go to the token's pool slot (rotary_write_kv); else k is rotated in
-    place and V, KC, VC, SLOTS are not touched (rotary_embedding)."""
+                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr, KV_QUANT: tl.constexpr,
+                   K_IN_PLACE: tl.constexpr):
+    """TO_CACHE: rotated k and v go to the token's pool slot (rotary_write_kv), and with K_IN_PLACE
+    rotated k goes back into K too; else k is rotated in place and V, KC, VC, SLOTS are not touched
+    (rotary_embedding)."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(POS + t).to(tl.int64)
     cos1, sin1, cos2, sin2 = _cos_sin(COS, SIN, pos, stride_cos, stride_sin, HALF, BLOCK_HALF)
@@ -127,10 +129,13 @@ def _rotary_kernel(Q, K, V, COS, SIN, POS, KC, VC, KS, VS, SLOTS, inv_k_scale, i
                 v = v.to(tl.float32)
             store_kv_rows(VC, VS, v, page * stride_vcp + off * stride_vct + h[:, None] * stride_vch + e[None, :],
                           s_base + h, mask, h_mask, inv_v_scale, KV_QUANT)
+    if K_IN_PLACE:                    # after the cache's copy, which read the unrotated k
+        _rotate_heads(K, t, stride_kt, stride_kh, cos1, sin1, cos2, sin2, K, t * stride_kt, stride_kh,
+                      NUM_K_HEADS, HALF, BLOCK_H, BLOCK_HALF)
 
 
 def _launch(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, to_cache: bool,
-            mode: int = kv_quant.NONE, k_scale=None, v_scale=None) -> None:
+            mode: int = kv_quant.NONE, k_scale=None, v_scale=None, k_in_place: bool = False) -> None:
     t, hq, d = q.shape
     hkv = k.shape[1]
     half = d // 2
@@ -145,16 +150,18 @@ def _launch(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, to_cac
         stride_sp, stride_st,
         NUM_Q_HEADS=hq, NUM_K_HEADS=hkv, HALF=half, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
         PAGE_SIZE=k_cache.shape[1], BLOCK_H=block_h, BLOCK_HALF=block_half, TO_CACHE=to_cache, KV_QUANT=mode,
-        num_warps=4,
+        K_IN_PLACE=k_in_place, num_warps=4,
     )
 
 
 def rotary_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor, *, k_scale=None, v_scale=None) -> torch.Tensor:
+                    slot_mapping: torch.Tensor, *, k_scale=None, v_scale=None, k_in_place: bool = False) -> torch.Tensor:
     """rotary_embedding(q, k) and write_kv(k, v) in one launch; returns q (rotated in place).
 
-    k, v [T, Hkv, D] are read only (k is NOT rotated in place: its rotated values go to the cache);
+    k, v [T, Hkv, D] are read only (k is NOT rotated in place: its rotated values go to the cache),
+    unless k_in_place: then k is rotated in place too, for a prefill that reads the chunk's keys
+    from the step (paged_prefill_attention's k_new), every token, slot or not;
     k_cache, v_cache [P, page_size, Hkv, D]; slot_mapping int32/int64 [T], -1 = write nothing.
     k_scale/v_scale: as write_kv's (int8 scale tensors, written; fp8 per-tensor floats).
     """
@@ -171,7 +178,8 @@ def rotary_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
         raise ValueError(f"rotary_write_kv: slot_mapping must be int32 [{t}], got {slot_mapping.dtype} "
                          f"{tuple(slot_mapping.shape)}")
     if t:
-        _launch(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, True, mode, k_scale, v_scale)
+        _launch(q, k, v, cos, sin, positions, k_cache, v_cache, slot_mapping, True, mode, k_scale, v_scale,
+                k_in_place)
     return q
 
 

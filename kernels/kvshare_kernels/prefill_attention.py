@@ -166,13 +166,47 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
 
 
 @triton.jit
+def _new_kv_range(acc, l_i, m_i, q, kn_desc, vn_desc, row0, kv_col, tok, start, end, scale_log2,
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # The chunk's own keys [start, end) (indices into the chunk, start a multiple of BLOCK_N), read
+    # from the step's K/V rows row0.. by bulk copies: contiguous whatever the page size. CAUSAL: the
+    # diagonal tiles (key j visible to row token t where j <= t); rows past `end` belong to the next
+    # request or the padding, so V's are zeroed as in the paged TMA path.
+    cols = tl.arange(0, BLOCK_N)
+    for n in range(start, end, BLOCK_N):
+        k = kn_desc.load([row0 + n, kv_col])
+        v = vn_desc.load([row0 + n, kv_col])
+        if CAUSAL:
+            j = n + cols
+            v = tl.where((j < end)[:, None], v, 0.0)
+        if UPCAST:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if CAUSAL:
+            qk = tl.where((j[None, :] <= tok[:, None]) & (j < end)[None, :], qk * scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            p = tl.exp2(qk - m_new[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
+            p = tl.exp2(qk * scale_log2 - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _prefill_kernel(
-    Q, K, V, KS, VS, O, PT, QSL, CTX, TILES, KD, VD, scale_log2, v_scale,
+    Q, K, V, KS, VS, O, PT, QSL, CTX, TILES, KD, VD, KN, VN, scale_log2, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_sp, stride_st, stride_ptb,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, KV_QUANT: tl.constexpr, TILED: tl.constexpr, TMA: tl.constexpr, PREFETCH: tl.constexpr,
+    NEW_KV: tl.constexpr,
 ):
     if TILED:
         tile = tl.program_id(0)
@@ -215,8 +249,15 @@ def _prefill_kernel(
     ks_head = KS + kvh            # int8's scales of this KV head (unused otherwise)
     vs_head = VS + kvh
     first_pos = prefix + mblk * BLOCK_MT                              # the block's smallest position
-    last_key = tl.minimum(first_pos + BLOCK_MT, ctx)                  # one past the largest key seen
-    full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N                 # tiles every row sees in full
+    if NEW_KV:
+        # The cached prefix through the page table (every row sees all of it; only the tile that
+        # holds its end is masked), then the chunk's own keys from the step's K/V.
+        prefix_end = (prefix // BLOCK_N) * BLOCK_N
+        full_end = prefix_end
+        last_key = prefix
+    else:
+        last_key = tl.minimum(first_pos + BLOCK_MT, ctx)              # one past the largest key seen
+        full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N             # tiles every row sees in full
     acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, 0, full_end, scale_log2,
                                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, KD, VD,
                                   kvh * HEAD_DIM, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, False, PRECISION, UPCAST,
@@ -225,6 +266,14 @@ def _prefill_kernel(
                                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, KD, VD,
                                   kvh * HEAD_DIM, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, True, PRECISION, UPCAST,
                                   KV_QUANT, TMA, PREFETCH)
+    if NEW_KV:
+        tok_first = mblk * BLOCK_MT
+        self_full = ((tok_first + 1) // BLOCK_N) * BLOCK_N          # chunk keys every row sees
+        self_end = tl.minimum(tok_first + BLOCK_MT, q_len)
+        acc, l_i, m_i = _new_kv_range(acc, l_i, m_i, q, KN, VN, q_start, kvh * HEAD_DIM, tok, 0, self_full,
+                                      scale_log2, BLOCK_N, False, PRECISION, UPCAST)
+        acc, l_i, m_i = _new_kv_range(acc, l_i, m_i, q, KN, VN, q_start, kvh * HEAD_DIM, tok, self_full, self_end,
+                                      scale_log2, BLOCK_N, True, PRECISION, UPCAST)
     if KV_QUANT == 2:
         v_scale = v_scale / P_GAIN
     out = acc * (v_scale / l_i)[:, None]
@@ -257,18 +306,32 @@ PER_THREAD = PrefillLaunch(BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES)
 # 0.80-0.93x FA3 at page 128 and 0.77-0.86x at page 64 on prompts and long chunks, against 0.59-0.69x
 # for the page-16 launch (perf/kernels/bench_prefill_ceiling.py, H200, 2026-12-06). Largest first.
 TMA_LAUNCHES = ((128, PrefillLaunch(128, 128, 8, 3, tma=True)), (64, PrefillLaunch(128, 64, 8, 3, tma=True)))
+# The chunk's own keys read from the step's K/V (k_new, v_new): those tiles are bulk copies at any
+# page size, so a smaller page takes the large tile too; its cached prefix keeps per-thread loads.
+NEW_KV_LAUNCH = PrefillLaunch(128, 128, 8, 3)
 
 
-def default_launch(page_size: int, cache_dtype: torch.dtype, head_dim: int, device: torch.device) -> PrefillLaunch:
+def default_launch(page_size: int, cache_dtype: torch.dtype, head_dim: int, device: torch.device,
+                   new_kv: bool = False) -> PrefillLaunch:
     """The launch paged_prefill_attention makes when the caller names no tile, and the tile size the
     engine must build its work lists with (prefill_tiles.tokens_per_tile(..., block_m)): a function
-    of the pool's shape, dtype and device only, so the two always agree. 16-bit pools only: float32
-    tiles of this size and depth would not fit in shared memory."""
+    of the pool's shape, dtype and device, and of whether the caller passes the step's own K/V
+    (``new_kv``, where new_kv_applies), so the two always agree. 16-bit pools only: float32 tiles of
+    this size and depth would not fit in shared memory."""
     if TMA_DEFAULT and cache_dtype in (torch.float16, torch.bfloat16) and tma_capable(cache_dtype, head_dim, device):
         for multiple, launch in TMA_LAUNCHES:
             if page_size % multiple == 0:
                 return launch
+        if new_kv:
+            return NEW_KV_LAUNCH
     return PER_THREAD
+
+
+def new_kv_applies(cache_dtype: torch.dtype, dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
+    """Whether prefill can read a chunk's own keys from the step's K/V instead of the pool: the pool
+    holds exactly those values (16-bit, the activations' dtype) and descriptors can load them."""
+    return cache_dtype == dtype and cache_dtype in (torch.float16, torch.bfloat16) and tma_capable(
+        cache_dtype, head_dim, device)
 
 
 @functools.lru_cache(maxsize=None)     # every eager prefill launch asks, per layer: one device query
@@ -295,13 +358,40 @@ def _page_descriptor(cache: torch.Tensor, block_n: int):
     return TensorDescriptor.from_tensor(cache.view(p * s, hkv * d), [block_n, d])
 
 
+def _rows_descriptor(x: torch.Tensor, block_n: int):
+    """A step's K or V [T, Hkv, D] (a view of the fused projection: any token stride, heads back to
+    back) as rows [T, Hkv * D]: a tile is the box [block_n, D] at (token, head * D)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t, hkv, d = x.shape
+    return TensorDescriptor(x, [t, hkv * d], [x.stride(0), 1], [block_n, d])
+
+
+def _check_new_kv(k_new: torch.Tensor, v_new: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    t, _, d = q.shape
+    hkv = k_cache.shape[2]
+    for name, x in (("k_new", k_new), ("v_new", v_new)):
+        if x.shape != (t, hkv, d) or x.dtype != k_cache.dtype:
+            raise ValueError(f"paged_prefill_attention: {name} must be {k_cache.dtype} [{t}, {hkv}, {d}], got "
+                             f"{x.dtype} {tuple(x.shape)}")
+        # a bulk copy's rows: heads back to back, 16-byte aligned base and token stride
+        if (x.stride(2) != 1 or x.stride(1) != d or (x.stride(0) * x.element_size()) % 16
+                or x.data_ptr() % 16):
+            raise ValueError(f"paged_prefill_attention: {name} needs contiguous heads and a 16-byte aligned "
+                             f"token stride, got strides {x.stride()}")
+    if not new_kv_applies(k_cache.dtype, q.dtype, d, q.device):
+        raise ValueError("paged_prefill_attention: k_new/v_new need a 16-bit pool of q's dtype, a power-of-two "
+                         "head_dim and a device with tensor descriptors (new_kv_applies)")
+
+
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                             query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
                             out: torch.Tensor | None = None, *, max_query_len: int | None = None,
                             k_scale=None, v_scale=None, tiles: torch.Tensor | None = None,
                             debug: bool | None = None, block_m: int | None = None, block_n: int | None = None,
                             num_warps: int | None = None, num_stages: int | None = None,
-                            tma: bool | None = None, prefetch_page_ids: bool | None = None) -> torch.Tensor:
+                            tma: bool | None = None, prefetch_page_ids: bool | None = None,
+                            k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, Hq, D] (requests back to back); query_start_loc int32 [B+1]; context_lens int32 [B].
 
     k_scale/v_scale: an int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats.
@@ -315,7 +405,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     multiple of block_n) of a contiguous unquantized pool with a power-of-two head_dim. None: where
     the default launch does and it applies.
     prefetch_page_ids: where a tile is one page's slice or whole pages, read the next tile's page
-    ids one iteration ahead. None: with TMA."""
+    ids one iteration ahead. None: with TMA.
+    k_new, v_new: the step's own K (rotated) and V [T, Hkv, D], the values write_kv stored in the
+    pool (new_kv_applies: a 16-bit pool of q's dtype). Given, each request's chunk reads its own keys
+    from them (one bulk copy a tile, whatever the page size) and only its cached prefix through the
+    page table; the tiles then start at the chunk's first token, not at position 0, so the sums
+    round in another order than without them."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
@@ -339,9 +434,14 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return out
     if q.stride(-1) != 1:
         q = q.contiguous()
+    if (k_new is None) != (v_new is None):
+        raise ValueError("paged_prefill_attention: k_new and v_new come together")
+    new_kv = k_new is not None
+    if new_kv:
+        _check_new_kv(k_new, v_new, q, k_cache)
     group = hq // hkv
     block_g = triton.next_power_of_2(group)
-    launch = default_launch(page_size, k_cache.dtype, d, q.device)
+    launch = default_launch(page_size, k_cache.dtype, d, q.device, new_kv=new_kv)
     block_mt = tokens_per_tile(hq, hkv, block_m or launch.block_m)   # query tokens per program (a work list's)
     if tiles is not None:
         if checks.debug_enabled(debug):
@@ -361,19 +461,21 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     # reading ids ahead needs a tile of one page's slice or of whole pages
     ahead = (use_tma if prefetch_page_ids is None else prefetch_page_ids) and (
         page_size % block_n == 0 or (page_size > 1 and block_n % page_size == 0))
-    kd = vd = None
+    kd = vd = kn = vn = None
     if use_tma:
         kd, vd = (_page_descriptor(c, block_n) for c in (k_cache, v_cache))
+    if new_kv:
+        kn, vn = (_rows_descriptor(x, block_n) for x in (k_new, v_new))
     _prefill_kernel[grid](
         q, kv_quant.storage_view(k_cache), kv_quant.storage_view(v_cache), ks, vs, out, page_table, query_start_loc,
-        context_lens, query_start_loc if tiles is None else tiles, kd, vd, scale * kf * LOG2E, vf,
+        context_lens, query_start_loc if tiles is None else tiles, kd, vd, kn, vn, scale * kf * LOG2E, vf,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n,
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=page_size,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
-        TILED=tiles is not None, TMA=use_tma, PREFETCH=ahead,
+        TILED=tiles is not None, TMA=use_tma, PREFETCH=ahead, NEW_KV=new_kv,
         num_warps=num_warps or launch.num_warps, num_stages=num_stages or launch.num_stages,
     )
     return out

@@ -108,6 +108,25 @@ def copy_bandwidth(gib: float = 4.0) -> float:
     return 2 * n * 2 / t
 
 
+def step_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, page_table: torch.Tensor, prefix: int, ctx: int,
+            hq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each request's last ctx - prefix tokens of K and V, read from the pool through its page table,
+    laid out as the engine's step holds them: views [T, Hkv, D] of a fused projection
+    [T, (hq + 2 Hkv) * D] (the prefill kernel's k_new / v_new), the pool's very values."""
+    _, ps, hkv, d = k_pool.shape
+    b = page_table.shape[0]
+    pos = torch.arange(prefix, ctx, device=k_pool.device)
+    pages = page_table[:, pos // ps].long()            # [B, q_len]
+    slots = (pos % ps).expand(b, -1)
+    t = b * (ctx - prefix)
+    qkv = torch.empty(t, (hq + 2 * hkv) * d, dtype=k_pool.dtype, device=k_pool.device)
+    k_new = qkv[:, hq * d:(hq + hkv) * d].view(t, hkv, d)
+    v_new = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+    k_new.copy_(k_pool[pages, slots].reshape(t, hkv, d))
+    v_new.copy_(v_pool[pages, slots].reshape(t, hkv, d))
+    return k_new, v_new
+
+
 def print_table(title: str, header: list[str], rows: list[list], out=None) -> str:
     lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
@@ -127,15 +146,16 @@ def dump_json(path: str | None, obj) -> None:
 
 
 def prefill_tiles(hq: int, hkv: int, b: int, q_len: int, ctx: int, dev, block_m: int | None = None,
-                  longest_first: bool = False, page_size: int = 16):
+                  longest_first: bool = False, page_size: int = 16, new_kv: bool = False):
     """The prefill kernel's work list for b requests of q_len new tokens after ctx - q_len cached
     ones, as the engine builds it (runtime/forward_batch.py): benchmarks time the launch it runs.
-    block_m None: the kernel's default launch for a bf16 pool of this page size (head_dim 128)."""
+    block_m None: the kernel's default launch for a bf16 pool of this page size (head_dim 128),
+    with the step's own K/V given or not (new_kv)."""
     import numpy as np
     from kvshare_kernels.prefill_attention import default_launch
     from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
 
-    block_m = block_m or default_launch(page_size, torch.bfloat16, 128, torch.device(dev)).block_m
+    block_m = block_m or default_launch(page_size, torch.bfloat16, 128, torch.device(dev), new_kv=new_kv).block_m
 
     tiles = plan_tiles(np.full(b, q_len), np.full(b, ctx), tokens_per_tile(hq, hkv, block_m),
                        longest_first=longest_first)

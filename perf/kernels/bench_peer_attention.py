@@ -33,7 +33,6 @@ PREFILL = [("prompt 1x4096", 1, 0, 4096), ("prompt 4x8192", 4, 0, 8192), ("exten
            ("chunk 1x(8192+2048)", 1, 8192, 2048), ("chunk 1x(30720+2048)", 1, 30720, 2048),
            ("chunk 8x(14336+2048)", 8, 14336, 2048)]
 PREFILL_PAGE = 16
-WIDE = dict(block_m=128, block_n=128, num_warps=8, num_stages=2)
 MAX_BYTES = 40e9
 
 
@@ -95,28 +94,29 @@ def prefill_case(flash, hq, hkv, name, b, prefix, q_len):
     qsl = torch.arange(0, b + 1, dtype=torch.int32, device=dev) * q_len
     q = torch.randn(b * q_len, hq, D, dtype=DTYPE, device=dev)
     ours, theirs = torch.empty_like(q), torch.empty_like(q)
-    tiles = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev)
-    # the engine's launch (the work list, longest blocks first) and the kernel's own grid
+    # the engine's launch: the chunk's own keys from the step's K/V (runtime/llama.py), its work list
+    k_new, v_new = bc.step_kv(k, v, pt, prefix, ctx, hq)
+    tiles = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, new_kv=True)
     run_ours = lambda: kernels.paged_prefill_attention(q, k, v, pt, qsl, lens, D ** -0.5, ours,  # noqa: E731
-                                                       tiles=tiles)
+                                                       tiles=tiles, k_new=k_new, v_new=v_new)
+    # the same with the kernel's own grid, and the launch before: every key read back from the pool
     run_grid = lambda: kernels.paged_prefill_attention(q, k, v, pt, qsl, lens, D ** -0.5, ours,  # noqa: E731
-                                                       max_query_len=q_len)
-    # the wide tile the 32k sweep found best with GQA (perf/results/peer-serving/2026-12-04/graphs-4096):
-    # is it better at every shape, and so the default's candidate?
-    wide_tiles = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, block_m=WIDE["block_m"])
-    run_wide = lambda: kernels.paged_prefill_attention(q, k, v, pt, qsl, lens, D ** -0.5, ours,  # noqa: E731
-                                                       tiles=wide_tiles, **WIDE)
+                                                       max_query_len=q_len, k_new=k_new, v_new=v_new)
+    pool_tiles = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev)
+    run_pool = lambda: kernels.paged_prefill_attention(q, k, v, pt, qsl, lens, D ** -0.5, ours,  # noqa: E731
+                                                       tiles=pool_tiles)
     rec = dict(kind="prefill", case=name, hq=hq, hkv=hkv, batch=b, prefix=prefix, q_len=q_len,
                flops=4 * hq * D * b * (q_len * prefix + q_len * (q_len + 1) / 2), kvshare_s=bc.bench(run_ours),
-               kvshare_grid_s=bc.bench(run_grid), kvshare_wide_s=bc.bench(run_wide), wide=WIDE)
+               kvshare_grid_s=bc.bench(run_grid), kvshare_pool_s=bc.bench(run_pool))
     if flash is not None:
         run_theirs = lambda: flash(q, k, v, q_len, qsl, ctx, seqused_k=lens, softmax_scale=D ** -0.5,  # noqa: E731
                                    causal=True, block_table=pt, out=theirs, fa_version=3)
         rec["fa3_s"] = bc.bench(run_theirs)
-        run_wide(), run_theirs()
-        rec["max_abs_diff_wide"] = (ours.float() - theirs.float()).abs().max().item()
+        run_pool(), run_theirs()
+        rec["max_abs_diff_pool"] = (ours.float() - theirs.float()).abs().max().item()
         run_ours()
         rec["max_abs_diff"] = (ours.float() - theirs.float()).abs().max().item()
+    del k_new, v_new
     del k, v, q, ours, theirs
     bc.free()
     return rec
@@ -166,14 +166,16 @@ def main(argv=None):
             records.append(r)
             rows.append([f"{hq}/{hkv}", name, _cell(r["flops"] / r["kvshare_s"] / 1e12, ".0f"),
                          _cell(r["flops"] / r["kvshare_grid_s"] / 1e12, ".0f"),
-                         _cell(r["flops"] / r["kvshare_wide_s"] / 1e12, ".0f"),
+                         _cell(r["flops"] / r["kvshare_pool_s"] / 1e12, ".0f"),
                          _cell(r["flops"] / r["fa3_s"] / 1e12 if r.get("fa3_s") else None, ".0f"),
                          _cell(_ratio(r), ".2f"), _cell(r.get("max_abs_diff"), ".1e")])
             print("  " + " | ".join(map(str, rows[-1])), flush=True)
         bc.print_table(f"paged prefill, bf16, head_dim 128, page {PREFILL_PAGE}, causal FLOPs: kvshare vs vLLM's FA3 "
-                       "(TFLOP/s; kvshare launched with the engine's work list, with the kernel's own grid, and "
-                       "with the work list of a 128 x 128 tile on 8 warps)",
-                       ["heads", "case", "kvshare TFLOP/s", "grid launch", "128x128 8 warps", "FA3 TFLOP/s", "kvshare / FA3", "max abs diff"],
+                       "(TFLOP/s; kvshare as the engine launches it: the chunk's keys from the step's K/V, the "
+                       "cached prefix through the pages, its work list; the same with the kernel's own grid; and "
+                       "the launch before, every key read back from the pool)",
+                       ["heads", "case", "kvshare TFLOP/s", "grid launch", "all keys from the pool", "FA3 TFLOP/s",
+                        "kvshare / FA3", "max abs diff"],
                        rows, a.md)
     bc.dump_json(a.json, dict(fa3=flash is not None, fa3_reason=why, records=records))
 

@@ -9,9 +9,11 @@ TFLOP/s), one process:
 * kvshare's paged kernel as the engine launches it (page 16, per-thread loads), and at page 16 with
   its 64 x 64, a 128 x 64 and a 128 x 128 tile, each with the tile's page ids read per iteration and
   one ahead;
+* the engine's launch at page 16: each chunk's own keys from the step's K/V (views of a fused
+  projection, TMA bulk copies), only the cached prefix through the page table, at several tiles;
 * the same kernel on page-64 and page-128 pools, with per-thread loads, with TMA bulk copies (a
-  tile is one page's slice, so one descriptor load fetches it) and with TMA and each tile's page id
-  read one iteration ahead;
+  tile is one page's slice, so one descriptor load fetches it), with TMA and each tile's page id
+  read one iteration ahead, and (the largest tile) with that and the step's K/V;
 * a dense kernel written for this bench: the same FlashAttention-2 loop over contiguous K/V read
   through TMA descriptors, no page table at all. It is the ceiling of this kernel design in Triton
   on this GPU: if it stays far from FA3, no paging change closes the gap;
@@ -54,6 +56,8 @@ PAGED = {64: [(64, 64, 4, 3), (128, 64, 8, 3)],
 # the page-16 pool (no TMA: a tile spans pages): the engine's tile and the wide one, each with the
 # tile's page ids read per iteration and one iteration ahead
 PAGE16 = [(64, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3)]   # the engine's tile, then the TMA launches' shapes
+# page 16 with the chunk's keys from the step's K/V (the engine's launch first: NEW_KV_LAUNCH)
+NEW_KV = [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3)]
 LOG2E = 1.4426950408889634
 
 
@@ -194,11 +198,20 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
             t = _time(run)
             rec["paged16"][f"{bm}x{bn} w{w} s{s}{' ahead' if ahead else ''}"] = dict(s=t, diff=diff() if t else None)
 
+    rec["new_kv"] = {}
+    k_new, v_new = bc.step_kv(k16, v16, pt16, prefix, ctx, hq)
+    for bm, bn, w, s in NEW_KV if not bc.DRY_RUN else [(16, 32, 4, 2), (16, 16, 4, 2)]:
+        tln = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, bm)
+        run = lambda: kernels.paged_prefill_attention(q, k16, v16, pt16, qsl, lens, scale, out, tiles=tln,  # noqa: E731
+                                                      block_m=bm, block_n=bn, num_warps=w, num_stages=s,
+                                                      k_new=k_new, v_new=v_new)
+        t = _time(run)
+        rec["new_kv"][f"{bm}x{bn} w{w} s{s}"] = dict(s=t, diff=diff() if t else None)
     if flash is not None:
         rec["fa3_s"] = _time(lambda: flash(q, k16, v16, q_len, qsl, ctx, seqused_k=lens, softmax_scale=scale,
                                            causal=True, block_table=pt16, out=out, fa_version=3))
         rec["fa3_diff"] = diff()
-    del k16, v16
+    del k16, v16, k_new, v_new
     bc.free()
     if not bc.DRY_RUN and prefix == 0:
         qq = q.view(b, q_len, hq, D).transpose(1, 2)
@@ -215,17 +228,22 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
     rec["paged"] = {}
     for page, configs in PAGED.items() if not bc.DRY_RUN else {32: [(16, 16, 4, 2), (16, 32, 4, 2)]}.items():
         kp, vp, ptp = paged_copy(kc, vc, b, ctx, page)
+        kn, vn = bc.step_kv(kp, vp, ptp, prefix, ctx, hq)
         rec["paged"][page] = {}
-        for bm, bn, w, s in configs:
+        for i, (bm, bn, w, s) in enumerate(configs):
             tlp = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, bm)
-            for tma, ahead in ((False, False), (True, False), (True, True)):
+            variants = ((False, False, False), (True, False, False), (True, True, False))
+            if i == len(configs) - 1 or (page == 128 and bn == 128 and s == 3):   # the engine's launch there
+                variants += ((True, True, True),)
+            for tma, ahead, new in variants:
+                step = dict(k_new=kn, v_new=vn) if new else {}
                 run = lambda: kernels.paged_prefill_attention(q, kp, vp, ptp, qsl, lens, scale, out, tiles=tlp,  # noqa: E731
                                                               block_m=bm, block_n=bn, num_warps=w, num_stages=s,
-                                                              tma=tma, prefetch_page_ids=ahead)
+                                                              tma=tma, prefetch_page_ids=ahead, **step)
                 t = _time(run)
-                tag = (" tma" if tma else "") + (" ahead" if ahead else "")
+                tag = (" tma" if tma else "") + (" ahead" if ahead else "") + (" step-kv" if new else "")
                 rec["paged"][page][f"{bm}x{bn} w{w} s{s}{tag}"] = dict(s=t, diff=diff() if t else None)
-        del kp, vp
+        del kp, vp, kn, vn
         bc.free()
     del kc, vc, q, out, ref
     bc.free()
@@ -262,7 +280,10 @@ def main(argv=None):
             dense_ws = _best({k: v for k, v in r["dense"].items() if k.endswith("ws")})
             fa = _tf(r, r.get("fa3_s"))
             p16 = _best(r["paged16"])
-            cells, best_tma = [_tf(r, r["paged16_s"]), _tf(r, p16[1].get("s"))], [p16[0]]
+            step = _best(r["new_kv"])
+            engine = r["new_kv"].get("x".join(map(str, NEW_KV[0][:2])) + f" w{NEW_KV[0][2]} s{NEW_KV[0][3]}", {})
+            cells = [_tf(r, r["paged16_s"]), _tf(r, p16[1].get("s")), _tf(r, engine.get("s")), _tf(r, step[1].get("s"))]
+            best_tma = [p16[0], step[0]]
             for page, d in r["paged"].items():
                 thread, tma = (_best({k: v for k, v in d.items() if ("tma" in k) == t}) for t in (False, True))
                 cells += [_tf(r, thread[1].get("s")), _tf(r, tma[1].get("s"))]
@@ -270,11 +291,12 @@ def main(argv=None):
             cells += [_tf(r, dense[1].get("s")), _tf(r, dense_ws[1].get("s")), _tf(r, r.get("sdpa_s")), fa]
             row = [f"{hq}/{hkv}", name] + ["-" if c is None else f"{c:.0f}" for c in cells]
             # against FA3: the engine's launch, each page size's best TMA launch, the dense kernels
-            row += ["-" if not (fa and c) else f"{c / fa:.2f}" for c in (*cells[:2], *cells[3:-4:2], *cells[-4:-2])]
+            row += ["-" if not (fa and c) else f"{c / fa:.2f}" for c in (*cells[:4], *cells[5:-4:2], *cells[-4:-2])]
             row += [" / ".join(str(x) for x in (*best_tma, dense[0], dense_ws[0]))]
             rows.append(row)
             print("  " + " | ".join(row), flush=True)
-            sections = ([("paged p16", r["paged16"])] + [(f"paged p{page}", d) for page, d in r["paged"].items()]
+            sections = ([("paged p16", r["paged16"]), ("p16 step K/V", r["new_kv"])]
+                        + [(f"paged p{page}", d) for page, d in r["paged"].items()]
                         + [("dense", r["dense"])])
             for label, d in sections:
                 for cfg, v in d.items():
@@ -282,14 +304,19 @@ def main(argv=None):
                                    "-" if v.get("diff") is None else f"{v['diff']:.1e}"])
     pages = list(records[0]["paged"]) if records else []
     bc.print_table("paged prefill against its ceilings, bf16, head_dim 128, causal FLOPs (TFLOP/s): kvshare page 16 "
-                   "as the engine runs it and its best tile (ids read ahead or not); larger pages with per-thread loads and with TMA (best config each); the "
+                   "with every key read from the pool (the launch before) and its best tile (ids read ahead or not); "
+                   "page 16 with the chunk's keys from the step's K/V, the engine's launch (128 x 128) and the best "
+                   "tile; larger pages with per-thread loads and with TMA (best config each, step K/V included); the "
                    "dense TMA kernel on contiguous K/V (best config, without and with warp specialisation); torch "
                    "SDPA (cuDNN, prompts); vLLM's FA3 on page 16",
-                   ["heads", "case", "p16", "p16 best"] + [f"p{p}{t}" for p in pages for t in ("", " TMA")]
-                   + ["dense TMA", "dense WS", "SDPA", "FA3", "p16 / FA3", "p16 best / FA3"]
+                   ["heads", "case", "p16 pool", "p16 pool best", "p16 step K/V", "p16 step K/V best"]
+                   + [f"p{p}{t}" for p in pages for t in ("", " TMA")]
+                   + ["dense TMA", "dense WS", "SDPA", "FA3", "p16 pool / FA3", "p16 pool best / FA3",
+                      "p16 step K/V / FA3", "p16 step K/V best / FA3"]
                    + [f"p{p} TMA / FA3" for p in pages]
                    + ["dense / FA3", "dense WS / FA3", "best configs (" + " / ".join(
-                       ["p16 best"] + [f"p{p} TMA" for p in pages] + ["dense", "dense WS"]) + ")"], rows, a.md)
+                       ["p16 pool best", "p16 step K/V best"] + [f"p{p} TMA" for p in pages] + ["dense", "dense WS"])
+                      + ")"], rows, a.md)
     bc.print_table("every config (TFLOP/s)", ["heads", "case", "kernel", "config", "TFLOP/s",
                                                  "max abs diff vs p16"], detail, a.md)
     bc.dump_json(a.json, dict(fa3=flash is not None, fa3_reason=why, records=records))

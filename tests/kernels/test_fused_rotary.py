@@ -125,6 +125,28 @@ def test_rotary_write_kv_equals_rotary_then_write_kv(dtype, pos_dtype, hq, hkv, 
     assert torch.equal(kc2.view(-1, hkv, d)[untouched.to(device)], pool[0].view(-1, hkv, d)[untouched.to(device)])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_write_kv_k_in_place(dtype, device):
+    """k_in_place: the same q and pool as without it, and k rotated in place as rotary_embedding
+    rotates it (every token, slot -1 too), bit for bit; v untouched."""
+    t, hq, hkv, d, page_size, num_pages = 7, 4, 2, 16, 4, 8
+    rope = _rope(d, dtype, device)
+    positions = torch.tensor([0, 5, 63, 1, 17, 5, 40], dtype=torch.int32, device=device)
+    slots = torch.tensor([3, -1, 9, 0, -1, 30, 12], dtype=torch.int32, device=device)
+    pools = [torch.zeros(num_pages, page_size, hkv, d, dtype=dtype, device=device) for _ in range(4)]
+    _, q1, k1, v1 = _qkv(t, hq, hkv, d, dtype, device, seed=5)
+    fused_rotary.rotary_write_kv(q1, k1, v1, rope.cos, rope.sin, positions, pools[0], pools[1], slots)
+    _, q2, k2, v2 = _qkv(t, hq, hkv, d, dtype, device, seed=5)
+    v_before = v2.clone()
+    fused_rotary.rotary_write_kv(q2, k2, v2, rope.cos, rope.sin, positions, pools[2], pools[3], slots, k_in_place=True)
+    _, q3, k3, _ = _qkv(t, hq, hkv, d, dtype, device, seed=5)
+    fused_rotary.rotary_embedding(q3, k3, rope.cos, rope.sin, positions)
+    assert torch.equal(q2, q1) and torch.equal(pools[2], pools[0]) and torch.equal(pools[3], pools[1])
+    assert torch.equal(k2, k3) and torch.equal(v2, v_before)
+    kept = slots.cpu() >= 0
+    assert torch.equal(pools[2].view(-1, hkv, d)[slots[kept.to(device)].long()], k2[kept.to(device)])
+
+
 def test_rotary_write_kv_rejects_bad_shapes(device):
     rope = _rope(16, torch.float32, device)
     _, q, k, v = _qkv(3, 4, 2, 16, torch.float32, device)

@@ -155,6 +155,11 @@ def test_default_launch_follows_the_page():
     assert default_launch(128, torch.int8, 128, cpu) == PER_THREAD
     assert default_launch(128, torch.float32, 128, cpu) == PER_THREAD      # would not fit shared memory
     assert default_launch(128, torch.bfloat16, 96, cpu) == PER_THREAD
+    # the chunk's keys from the step: the wide tile at page 16 too, TMA pages where a page holds them
+    from kvshare_kernels.prefill_attention import NEW_KV_LAUNCH
+    assert default_launch(16, torch.bfloat16, 128, cpu, new_kv=True) == NEW_KV_LAUNCH
+    assert default_launch(128, torch.bfloat16, 128, cpu, new_kv=True) == wide
+    assert default_launch(16, torch.int8, 128, cpu, new_kv=True) == PER_THREAD
 
 
 def test_engine_work_list_matches_the_default_launch(device):
@@ -181,3 +186,91 @@ def test_engine_work_list_matches_the_default_launch(device):
             s = int(qsl[i])
             ref = dense_attention(q[s: s + m], case.dense_k[i], case.dense_v[i], d ** -0.5)
             assert rel_err(out[s: s + m], ref) < TOL[torch.bfloat16], f"request {i}"
+
+
+def _new_kv_case(reqs, page_size, hq, hkv, d, dtype, device, seed):
+    """A case whose chunk slots in the pool are NaN, with the chunk's K/V given instead as strided
+    views of a fused-projection-like buffer [T + 3 padding rows of NaN, (hq + 2 hkv) * d]."""
+    case = make_case([n for n, _ in reqs], page_size, hkv, d, dtype, device, seed=seed, share=False)
+    q_lens = [m for _, m in reqs]
+    t = sum(q_lens)
+    qkv = torch.full((t + 3, (hq + 2 * hkv) * d), float("nan"), dtype=dtype, device=device)
+    k_new = qkv[:, hq * d:(hq + hkv) * d].view(-1, hkv, d)
+    v_new = qkv[:, (hq + hkv) * d:].view(-1, hkv, d)
+    s = 0
+    for i, (n, m) in enumerate(reqs):
+        k_new[s:s + m] = case.dense_k[i][n - m:n].to(dtype)
+        v_new[s:s + m] = case.dense_v[i][n - m:n].to(dtype)
+        for pos in range(n - m, n):         # the pool no longer holds the chunk: only k_new/v_new do
+            page = int(case.page_table[i, pos // page_size])
+            case.k_cache[page, pos % page_size] = float("nan")
+            case.v_cache[page, pos % page_size] = float("nan")
+        s += m
+    return case, k_new[:t], v_new[:t]
+
+
+@pytest.mark.parametrize("page_size,block_n,tma", [(4, 16, False), (16, 16, False), (16, 32, False), (32, 16, True)],
+                         ids=["page4", "page16", "page16-wide-tile", "page32-tma"])
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (2, 2)])
+def test_prefill_reads_the_chunk_from_the_steps_kv(page_size, block_n, tma, hq, hkv, device):
+    """k_new/v_new: each chunk's own keys come from the step's K/V (the pool's chunk slots are NaN
+    here) and only the cached prefix through the page table, prefixes ending mid-tile included."""
+    reqs = [(20, 20), (37, 5), (16, 1), (9, 0), (45, 30), (70, 41)]
+    d, dtype = 16, torch.bfloat16
+    case, k_new, v_new = _new_kv_case(reqs, page_size, hq, hkv, d, dtype, device, seed=40 + page_size + hq)
+    q_lens = [m for _, m in reqs]
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    q = q.to(dtype).to(device)
+    out = kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens,
+                                          d ** -0.5, block_m=16, block_n=block_n, tma=tma, k_new=k_new, v_new=v_new)
+    for i, (n, m) in enumerate(reqs):
+        if m:
+            s = int(qsl[i])
+            ref = dense_attention(q[s:s + m], case.dense_k[i], case.dense_v[i], d ** -0.5)
+            assert rel_err(out[s:s + m], ref) < TOL[dtype], f"request {i} (ctx {n}, q_len {m})"
+
+
+def test_prefill_new_kv_default_launch_and_work_list(device):
+    """The engine's page-16 launch with the step's K/V: default_launch gives the 128-row tile, the
+    work list is built with it, and every row is covered exactly once (NaN otherwise)."""
+    from kvshare_kernels.prefill_attention import NEW_KV_LAUNCH, default_launch
+    from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
+
+    reqs = [(150, 150), (300, 6), (64, 64), (9, 0), (200, 131)]
+    hq, hkv, d, dtype = 4, 2, 16, torch.bfloat16
+    launch = default_launch(16, dtype, d, torch.device(device), new_kv=True)
+    assert launch == NEW_KV_LAUNCH
+    case, k_new, v_new = _new_kv_case(reqs, 16, hq, hkv, d, dtype, device, seed=77)
+    q_lens = [m for _, m in reqs]
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    q = q.to(dtype).to(device)
+    tiles = plan_tiles(q_lens, [n for n, _ in reqs], tokens_per_tile(hq, hkv, launch.block_m), capacity=12)
+    out = torch.full_like(q, float("nan"))
+    kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens,
+                                    d ** -0.5, out, tiles=torch.from_numpy(tiles).to(device), k_new=k_new, v_new=v_new)
+    for i, (n, m) in enumerate(reqs):
+        if m:
+            s = int(qsl[i])
+            ref = dense_attention(q[s:s + m], case.dense_k[i], case.dense_v[i], d ** -0.5)
+            assert rel_err(out[s:s + m], ref) < TOL[dtype], f"request {i}"
+
+
+def test_prefill_new_kv_refuses_what_it_cannot_read(device):
+    case = make_case([8], 16, 2, 16, torch.bfloat16, device)
+    q = torch.zeros(8, 2, 16, dtype=torch.bfloat16, device=device)
+    qsl = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    k = torch.zeros(8, 2, 16, dtype=torch.bfloat16, device=device)
+    call = lambda **kw: kernels.paged_prefill_attention(  # noqa: E731
+        q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, 0.25, **kw)
+    with pytest.raises(ValueError, match="k_new and v_new come together"):
+        call(k_new=k)
+    with pytest.raises(ValueError, match=r"v_new must be torch.bfloat16 \[8, 2, 16\]"):
+        call(k_new=k, v_new=k[:4])
+    with pytest.raises(ValueError, match="k_new needs contiguous heads"):
+        call(k_new=k.transpose(1, 2).contiguous().transpose(1, 2), v_new=k)
+    f32 = make_case([8], 16, 2, 16, torch.float32, device)
+    with pytest.raises(ValueError, match="16-bit pool"):
+        kernels.paged_prefill_attention(q.float(), f32.k_cache, f32.v_cache, f32.page_table, qsl, f32.context_lens,
+                                        0.25, k_new=k.float(), v_new=k.float())

@@ -58,6 +58,11 @@ class LlamaModel:
         # The CPU's decode attention reads the pages in place through kvshare's native op (fp32 pools;
         # the reference where it does not apply): the reference gathers each layer's K and V first.
         self._decode_attention = cpu_decode.paged_decode_attention if cpu else self.ops.paged_decode_attention
+        # On CUDA a step's prefill reads each chunk's own keys from the projection (rotated in place)
+        # instead of back from the pool: bulk copies at any page size (prefill_attention.py, k_new).
+        # KVSHARE_PREFILL_NEW_KV=0 reads them from the pool as before.
+        self._new_kv_on = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_PREFILL_NEW_KV", "1") != "0"
+        self._dtype = dtype
         if self.fused:
             from kvshare_kernels.fused_norm import rms_norm as fused_rms_norm
             from kvshare_kernels.fused_rotary import rotary_write_kv
@@ -66,10 +71,20 @@ class LlamaModel:
             self._fused_rms_norm, self._fused_rotary_write_kv = fused_rms_norm, rotary_write_kv
             self._fused_silu_mul = silu_and_mul
 
+    def prefill_reads_new_kv(self, cache_dtype: torch.dtype) -> bool:
+        """Whether steps with a prompt chunk hand the prefill kernel the step's own K/V (the engine
+        builds its work lists for the launch this implies: prefill_attention.default_launch)."""
+        if not self._new_kv_on:
+            return False
+        from kvshare_kernels.prefill_attention import new_kv_applies
+
+        return new_kv_applies(cache_dtype, self._dtype, self.config.head_dim, self.rope.cos.device)
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Computes and stores the KV of batch's tokens; returns fp32 logits [S, V] for logits_indices."""
         c, w = self.config, self.weights
+        new_kv = not batch.decode_only and batch.cascade is None and self.prefill_reads_new_kv(kv.dtype)
         h = F.embedding(batch.input_ids, w.embed)
         residual = None
         for layer, lw in enumerate(w.layers):
@@ -80,8 +95,8 @@ class LlamaModel:
             k = k.view(-1, c.num_kv_heads, c.head_dim)
             v = v.view(-1, c.num_kv_heads, c.head_dim)
             scales = kv.layer_scales(layer)      # {} for 16-bit pages
-            q = self._rotary_write_kv(batch, q, k, v, kv.k[layer], kv.v[layer], scales)
-            attn = self._attention(q, kv.k[layer], kv.v[layer], batch, scales)
+            q, k = self._rotary_write_kv(batch, q, k, v, kv.k[layer], kv.v[layer], scales, new_kv)
+            attn = self._attention(q, kv.k[layer], kv.v[layer], batch, scales, (k, v) if new_kv else None)
             h = self._linear(attn.reshape(-1, self._q), lw.o_proj)
             if self.all_reduce is not None:
                 h = self.all_reduce(h)
@@ -119,23 +134,28 @@ class LlamaModel:
         return rms_norm(residual, weight, self.config.rms_norm_eps), residual
 
     def _rotary_write_kv(self, b: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         k_cache: torch.Tensor, v_cache: torch.Tensor, scales: dict) -> torch.Tensor:
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, scales: dict,
+                         keep_k: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotates q and k at their positions and stores the new K/V in their slots (quantized for an
-        8-bit pool); returns q."""
+        8-bit pool); returns (q, k), k rotated where keep_k (the fused kernel's k stays unrotated
+        otherwise: the pool holds the rotated values)."""
         if self.fused:   # one kernel: q rotated in place, rotated k and v straight into the pool
-            return self._fused_rotary_write_kv(q, k, v, self.rope.cos, self.rope.sin, b.positions,
-                                               k_cache, v_cache, b.slot_mapping, **scales)
+            q = self._fused_rotary_write_kv(q, k, v, self.rope.cos, self.rope.sin, b.positions,
+                                            k_cache, v_cache, b.slot_mapping, k_in_place=keep_k, **scales)
+            return q, k
         q, k = self.rope(b.positions, q, k)
         self.ops.write_kv(k, v, k_cache, v_cache, b.slot_mapping, **scales)
-        return q
+        return q, k
 
     def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, b: ForwardBatch,
-                   scales: dict) -> torch.Tensor:
+                   scales: dict, new_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         if b.cascade is not None:
             return self.ops.cascade_decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, b.cascade,
                                                      self.scale, max_context=b.max_context, **scales)
         if b.decode_only:
             return self._decode_attention(q, k_cache, v_cache, b.page_table, b.context_lens, self.scale,
                                           max_context=b.max_context, **scales)
+        if new_kv is not None:
+            scales = {**scales, "k_new": new_kv[0], "v_new": new_kv[1]}
         return self._prefill_attention(q, k_cache, v_cache, b.page_table, b.query_start_loc, b.context_lens,
                                       self.scale, max_query_len=b.max_query_len, tiles=b.prefill_tiles, **scales)

@@ -99,9 +99,10 @@ class ModelRunner:
             from kvshare_kernels.prefill_attention import default_launch
             from kvshare_kernels.prefill_tiles import tokens_per_tile
 
-            # the kernel's own launch for this pool (larger tiles where a page holds them), so the
-            # work lists match the programs it runs
-            launch = default_launch(kv.page_size, kv.dtype, model.config.head_dim, device)
+            # the kernel's own launch for this pool (larger tiles where a page holds them, or where
+            # the chunk's keys come from the step), so the work lists match the programs it runs
+            launch = default_launch(kv.page_size, kv.dtype, model.config.head_dim, device,
+                                    new_kv=model.prefill_reads_new_kv(kv.dtype))
             self._prefill_tile_tokens = tokens_per_tile(model.config.num_heads, model.config.num_kv_heads,
                                                         launch.block_m)
         self.mixed_graphs: MixedGraphRunner | None = None

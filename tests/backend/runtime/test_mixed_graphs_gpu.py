@@ -1,6 +1,7 @@
 """On a GPU: mixed-step CUDA graphs (prefill chunks beside decode rows) give the eager steps' greedy
-tokens, with overlap scheduling and without (tiny model, fp32), and at pages large enough for the
-prefill kernel's TMA launch (bf16), whose work lists the engine builds with the same block."""
+tokens, with overlap scheduling and without (tiny model, fp32), and in bf16, where the prefill
+kernel reads each chunk's keys from the step and the engine builds its work lists with that
+launch's block."""
 from __future__ import annotations
 
 from collections import Counter
@@ -60,15 +61,17 @@ def test_a_step_longer_than_the_largest_graph_runs_eagerly():
         e.step()
 
 
-@pytest.mark.parametrize("page_size", [64, 128])
-def test_large_pages_take_the_tma_prefill_launch(page_size):
+@pytest.mark.parametrize("page_size", [16, 64, 128])
+def test_16_bit_pages_take_the_wide_prefill_launch(page_size):
+    """bf16: the chunk's keys come from the step (k_new) at every page size, the cached prefix by TMA
+    where a page holds whole tiles; the engine's work lists follow that launch's block."""
     from kvshare_kernels.prefill_attention import default_launch
     from kvshare_kernels.prefill_tiles import tokens_per_tile
 
-    launch = default_launch(page_size, torch.bfloat16, 16, torch.device("cuda"))
-    if not launch.tma:
-        pytest.skip("TMA needs Hopper or later")
-    assert launch.block_m == 128
+    launch = default_launch(page_size, torch.bfloat16, 16, torch.device("cuda"), new_kv=True)
+    if launch.block_m != 128:
+        pytest.skip("descriptors need Hopper or later")
+    assert launch.tma == (page_size >= 64)
     e = LLMEngine(EngineConfig(model="dummy:tiny-llama", device="cuda", dtype="bfloat16", num_pages=32,
                                page_size=page_size, mixed_graph_max_tokens=96))
     assert e.runner.mixed_graphs.buffers.per_tile == tokens_per_tile(4, 2, launch.block_m)
@@ -76,3 +79,31 @@ def test_large_pages_take_the_tma_prefill_launch(page_size):
     eager, _ = _generate(0, True, page_size, "bfloat16", num_pages=32)
     assert paths["mixed-graph"] >= 4
     assert graphed == eager
+
+
+def _first_logits(new_kv: bool, monkeypatch) -> list[torch.Tensor]:
+    monkeypatch.setenv("KVSHARE_PREFILL_NEW_KV", "1" if new_kv else "0")
+    e = LLMEngine(EngineConfig(model="dummy:tiny-llama", device="cuda", dtype="bfloat16", num_pages=128,
+                               page_size=16, max_running=8, max_step_tokens=96, max_prefill_chunk=40))
+    if e.runner.model.prefill_reads_new_kv(torch.bfloat16) != new_kv:
+        pytest.skip("descriptors need Hopper or later")
+    g = torch.Generator().manual_seed(3)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, return_generation_logits=True)
+    # whole prompts, a prompt cut into chunks (the second chunk after a prefix of its own), a cache hit
+    prompts = [torch.randint(3, 250, (n,), generator=g).tolist() for n in (7, 33, 100)]
+    prompts.append(prompts[2][:64] + [5, 6, 7])
+    logits = {}
+    for i, p in enumerate(prompts):
+        e.add_request(str(i), p, params)
+        while e.has_work:
+            for o in e.step():
+                logits.setdefault(o.request_id, []).extend(o.generation_logits)
+    return [logits[str(i)][0] for i in range(len(prompts))]
+
+
+def test_prefill_from_the_steps_kv_matches_the_pool_path(monkeypatch):
+    """The chunk's keys read from the step's K/V give the logits of reading them back from the
+    pool (bf16: other tile boundaries, so within rounding, not bit for bit)."""
+    on, off = _first_logits(True, monkeypatch), _first_logits(False, monkeypatch)
+    for a, b in zip(on, off):
+        assert torch.allclose(a, b, rtol=0.05, atol=0.05), (a - b).abs().max()
