@@ -307,7 +307,8 @@ PER_THREAD = PrefillLaunch(BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES)
 # for the page-16 launch (perf/kernels/bench_prefill_ceiling.py, H200, 2026-12-06). Largest first.
 TMA_LAUNCHES = ((128, PrefillLaunch(128, 128, 8, 3, tma=True)), (64, PrefillLaunch(128, 64, 8, 3, tma=True)))
 # The chunk's own keys read from the step's K/V (k_new, v_new): those tiles are bulk copies at any
-# page size, so a smaller page takes the large tile too; its cached prefix keeps per-thread loads.
+# page size, so a smaller page takes the large tile too; its cached prefix keeps per-thread loads,
+# each tile's page ids read one tile ahead.
 NEW_KV_LAUNCH = PrefillLaunch(128, 128, 8, 3)
 
 
@@ -405,7 +406,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     multiple of block_n) of a contiguous unquantized pool with a power-of-two head_dim. None: where
     the default launch does and it applies.
     prefetch_page_ids: where a tile is one page's slice or whole pages, read the next tile's page
-    ids one iteration ahead. None: with TMA.
+    ids one iteration ahead. None: with TMA or k_new.
     k_new, v_new: the step's own K (rotated) and V [T, Hkv, D], the values write_kv stored in the
     pool (new_kv_applies: a 16-bit pool of q's dtype). Given, each request's chunk reads its own keys
     from them (one bulk copy a tile, whatever the page size) and only its cached prefix through the
@@ -458,8 +459,10 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         raise ValueError("paged_prefill_attention: tma needs page_size a multiple of block_n, contiguous unquantized "
                          f"pools and a power-of-two head_dim (page {page_size}, block_n {block_n}, "
                          f"{k_cache.dtype}, head_dim {d})")
-    # reading ids ahead needs a tile of one page's slice or of whole pages
-    ahead = (use_tma if prefetch_page_ids is None else prefetch_page_ids) and (
+    # reading ids ahead needs a tile of one page's slice or of whole pages; by default with TMA, and
+    # with the step's K/V, where the prefix's 128-key tiles span 8 pages at page 16: 440-454 against
+    # 389-399 TFLOP/s on the 32k chunk (bench_prefill_ceiling, H100, 2026-12-06)
+    ahead = ((use_tma or new_kv) if prefetch_page_ids is None else prefetch_page_ids) and (
         page_size % block_n == 0 or (page_size > 1 and block_n % page_size == 0))
     kd = vd = kn = vn = None
     if use_tma:

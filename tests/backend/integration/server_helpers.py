@@ -42,6 +42,17 @@ def wait_for_idle_pool(metrics_url: str, timeout_s: float = 30.0) -> dict[str, f
         time.sleep(0.25)
 
 
+def wait_for_counter(metrics_url: str, name: str, timeout_s: float = 10.0) -> float:
+    """A counter's total once it is above zero: the metrics port publishes a snapshot every ~0.5 s,
+    so on a busy machine an idle-looking snapshot can predate the last request's counts."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        total = metric_total(parse_samples(fetch_metrics(metrics_url)), name)
+        if total > 0 or time.monotonic() > deadline:
+            return total
+        time.sleep(0.25)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

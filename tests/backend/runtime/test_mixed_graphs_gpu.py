@@ -103,7 +103,8 @@ def _first_logits(new_kv: bool, monkeypatch) -> list[torch.Tensor]:
 
 def test_prefill_from_the_steps_kv_matches_the_pool_path(monkeypatch):
     """The chunk's keys read from the step's K/V give the logits of reading them back from the
-    pool (bf16: other tile boundaries, so within rounding, not bit for bit)."""
+    pool, within bf16 rounding through the layers (other tile boundaries: not bit for bit; 0.13 on
+    logits up to 22 on an H100). An unrotated or misplaced key would move them by whole units."""
     on, off = _first_logits(True, monkeypatch), _first_logits(False, monkeypatch)
     for a, b in zip(on, off):
-        assert torch.allclose(a, b, rtol=0.05, atol=0.05), (a - b).abs().max()
+        assert (a - b).abs().max() <= 0.02 * b.abs().max() + 0.05, ((a - b).abs().max(), b.abs().max())
