@@ -58,6 +58,19 @@ def _load_tile(C, rows, cols, mask, KV_QUANT: tl.constexpr):
 
 
 @triton.jit
+def _accumulate(acc, l_i, m_i, m_new, p, p_v, v, PRECISION: tl.constexpr):
+    """One tile's probabilities p (p_v: times V's scales, or p) into the running sum and output."""
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    # Rescaled in place and accumulated by the dot itself (wgmma's accumulator), never a second
+    # BLOCK_M x D float32 tile and an add; Triton folds `acc * alpha + dot` the same way today,
+    # this form does not depend on that rewrite.
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p_v.to(v.dtype), v, acc, input_precision=PRECISION)
+    return acc, l_i
+
+
+@triton.jit
 def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, start, end, scale_log2,
                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, k_desc, v_desc, kv_col,
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -150,17 +163,11 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             # of a separate multiply of the score tile (the fused-attention tutorial's form).
             m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
             p = tl.exp2(qk * scale_log2 - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
         if KV_QUANT == 2:
             p_v = p * token_scales(vs_head, s_rows, 0, 0, n_mask, P_GAIN, 1, 1, BLOCK_N)
         else:
             p_v = p
-        # Rescaled in place and accumulated by the dot itself (wgmma's accumulator), never a second
-        # BLOCK_M x D float32 tile and an add; Triton folds `acc * alpha + dot` the same way today,
-        # this form does not depend on that rewrite.
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p_v.to(v.dtype), v, acc, input_precision=PRECISION)
+        acc, l_i = _accumulate(acc, l_i, m_i, m_new, p, p_v, v, PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -190,10 +197,7 @@ def _new_kv_range(acc, l_i, m_i, q, kn_desc, vn_desc, row0, kv_col, tok, start, 
         else:
             m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
             p = tl.exp2(qk * scale_log2 - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        acc, l_i = _accumulate(acc, l_i, m_i, m_new, p, p, v, PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 

@@ -188,6 +188,14 @@ def test_engine_work_list_matches_the_default_launch(device):
             assert rel_err(out[s: s + m], ref) < TOL[torch.bfloat16], f"request {i}"
 
 
+def _assert_dense(out, q, case, reqs, qsl, d, dtype):
+    for i, (n, m) in enumerate(reqs):
+        if m:
+            s = int(qsl[i])
+            ref = dense_attention(q[s:s + m], case.dense_k[i], case.dense_v[i], d ** -0.5)
+            assert rel_err(out[s:s + m], ref) < TOL[dtype], f"request {i} (ctx {n}, q_len {m})"
+
+
 def _new_kv_case(reqs, page_size, hq, hkv, d, dtype, device, seed):
     """A case whose chunk slots in the pool are NaN, with the chunk's K/V given instead as strided
     views of a fused-projection-like buffer [T + 3 padding rows of NaN, (hq + 2 hkv) * d]."""
@@ -224,11 +232,7 @@ def test_prefill_reads_the_chunk_from_the_steps_kv(page_size, block_n, tma, hq, 
     q = q.to(dtype).to(device)
     out = kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens,
                                           d ** -0.5, block_m=16, block_n=block_n, tma=tma, k_new=k_new, v_new=v_new)
-    for i, (n, m) in enumerate(reqs):
-        if m:
-            s = int(qsl[i])
-            ref = dense_attention(q[s:s + m], case.dense_k[i], case.dense_v[i], d ** -0.5)
-            assert rel_err(out[s:s + m], ref) < TOL[dtype], f"request {i} (ctx {n}, q_len {m})"
+    _assert_dense(out, q, case, reqs, qsl, d, dtype)
 
 
 def test_prefill_new_kv_default_launch_and_work_list(device):
@@ -250,11 +254,7 @@ def test_prefill_new_kv_default_launch_and_work_list(device):
     out = torch.full_like(q, float("nan"))
     kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens,
                                     d ** -0.5, out, tiles=torch.from_numpy(tiles).to(device), k_new=k_new, v_new=v_new)
-    for i, (n, m) in enumerate(reqs):
-        if m:
-            s = int(qsl[i])
-            ref = dense_attention(q[s:s + m], case.dense_k[i], case.dense_v[i], d ** -0.5)
-            assert rel_err(out[s:s + m], ref) < TOL[dtype], f"request {i}"
+    _assert_dense(out, q, case, reqs, qsl, d, dtype)
 
 
 def test_prefill_new_kv_refuses_what_it_cannot_read(device):
