@@ -386,8 +386,9 @@ SUITES: tuple[Suite, ...] = (
           "generator, same token-id prompts: mixed (ShareGPT-like) closed at 1/16/64/128 and open at 8-64 req/s, "
           "shared-prefix closed at 64/256; sustained and whole-run tok/s, TTFT and ITL p50/p99, one plot; kvshare twice, its engine in "
           "a process of its own and inside the Triton stub; then the paged decode and prefill kernels vs "
-          "vLLM's FA3 on the same pages, the prefill kernel against its ceilings (page 64 with TMA, a dense "
-          "TMA kernel, cuDNN) and decode at page 16 with one page-table read per page",
+          "vLLM's FA3 on the same pages (prefill as the engine launches it, the chunk's keys from the step, and "
+          "every key from the pool), the prefill kernel against its ceilings (page 16 tiles, pages 64 and 128 "
+          "with TMA, a dense TMA kernel, cuDNN) and decode at page 16 with one page-table read per page",
           SERVING_STAGES, minutes=20, carry=(".carry/fullstack", ".carry/vllm/p1", ".carry/vllm/p2", ".carry/vllm/serve"),
           note="five consecutive commands on one warm machine (--call 1..5): the fullstack bundle (bash "
                "perf/server/make_fullstack_bundle.sh), vLLM's piece 1, piece 2 with the serving wheels (bash "
