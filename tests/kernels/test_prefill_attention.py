@@ -219,7 +219,7 @@ def _new_kv_case(reqs, page_size, hq, hkv, d, dtype, device, seed):
 
 @pytest.mark.parametrize("page_size,block_n,tma", [(4, 16, False), (16, 16, False), (16, 32, False), (32, 16, True)],
                          ids=["page4", "page16", "page16-wide-tile", "page32-tma"])
-@pytest.mark.parametrize("hq,hkv", [(4, 2), (2, 2)])
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (2, 2), (6, 2)])     # 6/2: a group of 3 padded to 4 rows (SmolLM2's)
 def test_prefill_reads_the_chunk_from_the_steps_kv(page_size, block_n, tma, hq, hkv, device):
     """k_new/v_new: each chunk's own keys come from the step's K/V (the pool's chunk slots are NaN
     here) and only the cached prefix through the page table, prefixes ending mid-tile included."""
