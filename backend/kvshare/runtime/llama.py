@@ -63,6 +63,7 @@ class LlamaModel:
         # KVSHARE_PREFILL_NEW_KV=0 reads them from the pool as before.
         self._new_kv_on = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_PREFILL_NEW_KV", "1") != "0"
         self._dtype = dtype
+        self._new_kv_by_cache_dtype: dict[torch.dtype, bool] = {}
         if self.fused:
             from kvshare_kernels.fused_norm import rms_norm as fused_rms_norm
             from kvshare_kernels.fused_rotary import rotary_write_kv
@@ -73,12 +74,17 @@ class LlamaModel:
 
     def prefill_reads_new_kv(self, cache_dtype: torch.dtype) -> bool:
         """Whether steps with a prompt chunk hand the prefill kernel the step's own K/V (the engine
-        builds its work lists for the launch this implies: prefill_attention.default_launch)."""
-        if not self._new_kv_on:
-            return False
-        from kvshare_kernels.prefill_attention import new_kv_applies
+        builds its work lists for the launch this implies: prefill_attention.default_launch).
+        Asked every step: answered once per pool dtype."""
+        known = self._new_kv_by_cache_dtype.get(cache_dtype)
+        if known is None:
+            known = False
+            if self._new_kv_on:
+                from kvshare_kernels.prefill_attention import new_kv_applies
 
-        return new_kv_applies(cache_dtype, self._dtype, self.config.head_dim, self.rope.cos.device)
+                known = new_kv_applies(cache_dtype, self._dtype, self.config.head_dim, self.rope.cos.device)
+            self._new_kv_by_cache_dtype[cache_dtype] = known
+        return known
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
