@@ -10,7 +10,8 @@ TFLOP/s), one process:
   its 64 x 64, a 128 x 64 and a 128 x 128 tile, each with the tile's page ids read per iteration and
   one ahead;
 * the engine's launch at page 16: each chunk's own keys from the step's K/V (views of a fused
-  projection, TMA bulk copies), only the cached prefix through the page table, at several tiles;
+  projection, TMA bulk copies), only the cached prefix through the page table, at several tiles,
+  the prefix's page ids read a tile ahead (the default) and per tile;
 * the same kernel on page-64 and page-128 pools, with per-thread loads, with TMA bulk copies (a
   tile is one page's slice, so one descriptor load fetches it), with TMA and each tile's page id
   read one iteration ahead, and (the largest tile) with that and the step's K/V;
@@ -202,11 +203,12 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
     k_new, v_new = bc.step_kv(k16, v16, pt16, prefix, ctx, hq)
     for bm, bn, w, s in NEW_KV if not bc.DRY_RUN else [(16, 32, 4, 2), (16, 16, 4, 2)]:
         tln = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, bm)
-        run = lambda: kernels.paged_prefill_attention(q, k16, v16, pt16, qsl, lens, scale, out, tiles=tln,  # noqa: E731
-                                                      block_m=bm, block_n=bn, num_warps=w, num_stages=s,
-                                                      k_new=k_new, v_new=v_new)
-        t = _time(run)
-        rec["new_kv"][f"{bm}x{bn} w{w} s{s}"] = dict(s=t, diff=diff() if t else None)
+        for ahead in (True, False):     # the prefix's page ids a tile ahead (the default) or per tile
+            run = lambda: kernels.paged_prefill_attention(q, k16, v16, pt16, qsl, lens, scale, out, tiles=tln,  # noqa: E731
+                                                          block_m=bm, block_n=bn, num_warps=w, num_stages=s,
+                                                          k_new=k_new, v_new=v_new, prefetch_page_ids=ahead)
+            t = _time(run)
+            rec["new_kv"][f"{bm}x{bn} w{w} s{s}{'' if ahead else ' per tile'}"] = dict(s=t, diff=diff() if t else None)
     if flash is not None:
         rec["fa3_s"] = _time(lambda: flash(q, k16, v16, q_len, qsl, ctx, seqused_k=lens, softmax_scale=scale,
                                            causal=True, block_table=pt16, out=out, fa_version=3))
