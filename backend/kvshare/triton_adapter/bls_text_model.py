@@ -19,6 +19,7 @@ import triton_python_backend_utils as pb_utils
 from ..engine.outputs import InvalidRequest
 from . import contract
 from .logs import configure_logging
+from .request_snapshot import RequestSnapshot, snapshot_request
 from .response_stream import error_response, serve_to_the_end
 from .text_prompt import TextPrompter
 
@@ -55,36 +56,32 @@ class BLSTextModel:
                                        thread_name_prefix="llm-bls")
 
     def execute(self, requests):
-        for request in requests:
-            self.pool.submit(self._serve, request)
+        for request in requests:     # read here, on the stub's thread (request_snapshot.py)
+            self.pool.submit(self._serve, snapshot_request(request))
         return None
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-    def _serve(self, request) -> None:
+    def _serve(self, request: RequestSnapshot) -> None:
         serve_to_the_end(pb_utils, "llm_bls", request, self._stream, log)
 
-    def _stream(self, request, sender) -> None:
+    def _stream(self, request: RequestSnapshot, sender) -> None:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        def get(name):
-            t = pb_utils.get_input_tensor_by_name(request, name)
-            return None if t is None else t.as_numpy()
-
         try:
-            ids, lengths = self.prompter.token_tensors(get)    # [B, L] rows, as the ensemble's preprocessing
+            ids, lengths = self.prompter.token_tensors(request.get)    # [B, L] rows, as the ensemble's preprocessing
         except InvalidRequest as exc:
             sender.send(error_response(pb_utils, str(exc)), flags=final)
             return
         key = uuid.uuid4().hex
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("llm_bls: request %s goes to llm_engine as key:%s", request.request_id(), key)
+            log.debug("llm_bls: request %s goes to llm_engine as key:%s", request.request_id, key)
         inputs = [pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("input_lengths", lengths),
                   _key_tensor("request_key", key, ids.shape[0])]
         for name in PASSTHROUGH:
-            t = pb_utils.get_input_tensor_by_name(request, name)
-            if t is not None:
-                inputs.append(t)
+            array = request.get(name)
+            if array is not None:
+                inputs.append(pb_utils.Tensor(name, array))
         cancelled = False
         try:
             bls = pb_utils.InferenceRequest(model_name=ENGINE, inputs=inputs, requested_output_names=self.outputs)

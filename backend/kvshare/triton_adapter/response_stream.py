@@ -93,8 +93,8 @@ def serve_to_the_end(pb, name: str, request, serve: Callable[[object, FinalTrack
     final response (serve failed before or while sending it) gets an INTERNAL one. Triton does not
     end a decoupled request whose sender is dropped: its client would wait forever."""
     final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-    sender = FinalTracking(request.get_response_sender(), final)
-    request_id = request.request_id() if log.isEnabledFor(logging.DEBUG) else ""
+    sender = FinalTracking(request.sender, final)      # request: a request_snapshot.RequestSnapshot
+    request_id = request.request_id
     log.debug("%s: request %s arrived", name, request_id)
     try:
         serve(request, sender)

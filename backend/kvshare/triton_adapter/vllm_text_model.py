@@ -40,6 +40,7 @@ import triton_python_backend_utils as pb_utils
 from ..engine.outputs import InvalidRequest
 from .inputs import Getter, decode_utf8
 from .logs import configure_logging
+from .request_snapshot import RequestSnapshot, snapshot_request
 from .response_stream import error_response, serve_to_the_end
 from .text_prompt import TextPrompter
 from .vllm_params import ParsedSampling, parse_request_parameters, parse_sampling_parameters
@@ -481,8 +482,8 @@ class VLLMTextModel:
         self.watch = CancelWatch(float(self.prompter.params.get("cancel_poll_s", "0.05")))
 
     def execute(self, requests):
-        for request in requests:
-            self.pool.submit(self._serve, request)
+        for request in requests:     # read here, on the stub's thread (request_snapshot.py)
+            self.pool.submit(self._serve, snapshot_request(request))
         return None
 
     def finalize(self):
@@ -492,17 +493,14 @@ class VLLMTextModel:
     def _decode(self, token: int) -> str:
         return self.prompter.tokenizer.decode([token])
 
-    def _read(self, request) -> VLLMRequest:
-        def get(name):
-            t = pb_utils.get_input_tensor_by_name(request, name)
-            return None if t is None else t.as_numpy()
-        return read_request(get, request.parameters(), tokenize=self.prompter.prompt_ids,
+    def _read(self, request: RequestSnapshot) -> VLLMRequest:
+        return read_request(request.get, request.parameters, tokenize=self.prompter.prompt_ids,
                             tokenizer=self.prompter.tokenizer, eos_ids=self.eos_ids)
 
-    def _serve(self, request) -> None:
+    def _serve(self, request: RequestSnapshot) -> None:
         serve_to_the_end(pb_utils, "vllm_model", request, self._stream, log)
 
-    def _stream(self, request, sender) -> None:
+    def _stream(self, request: RequestSnapshot, sender) -> None:
         try:
             req = self._read(request)
         except InvalidRequest as exc:
@@ -514,7 +512,7 @@ class VLLMTextModel:
             return
         key = uuid.uuid4().hex
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("vllm_model: request %s goes to %s as key:%s", request.request_id(), self.engine_name, key)
+            log.debug("vllm_model: request %s goes to %s as key:%s", request.request_id, self.engine_name, key)
         cancelled = threading.Event()
 
         def on_cancel():

@@ -142,19 +142,15 @@ def test_serve_to_the_end_closes_a_request_whose_backstop_error_cannot_go_out(ca
                 raise RuntimeError("the stub refused")
             super().send(response, flags)
 
+    from kvshare.triton_adapter.request_snapshot import RequestSnapshot
+
     sender = RefusesResponses()
-
-    class Request:
-        def get_response_sender(self):
-            return sender
-
-        def request_id(self):
-            return "r1"
 
     def serve(request, tracked):
         raise ValueError("a bug before the first response")
 
     caplog.set_level("INFO", logger="kvshare.triton")
-    serve_to_the_end(FakePb, "llm_engine", Request(), serve, logging.getLogger("kvshare.triton"))
+    serve_to_the_end(FakePb, "llm_engine", RequestSnapshot(sender, {}, "{}", "r1"), serve,
+                     logging.getLogger("kvshare.triton"))
     assert len(sender.sent) == 1 and sender.sent[0].final and sender.sent[0].bare
     assert any("backstop final response could not be sent" in m for m in caplog.messages)

@@ -360,6 +360,19 @@ class FakeRequest:
     def parameters(self):
         return self._parameters
 
+    def inputs(self):
+        return list(self.tensors.values())
+
+    def request_id(self):
+        return "r1"
+
+
+def serve(model, req):
+    """What execute() does for one request, on this thread: the snapshot, then the worker's part."""
+    from kvshare.triton_adapter.request_snapshot import snapshot_request
+
+    model._serve(snapshot_request(req))
+
 
 class FakePrompter:
     def __init__(self, tokenizer):
@@ -393,7 +406,7 @@ def test_serve_streams_and_sets_the_final_flag_on_the_last_data_response(vm, tok
     model = make_model(vm, tokenizer)
     FakeBLS.script = lambda bls: engine_stream(engine_arrays("Hel", [5]), engine_arrays("lo", [6], "length"))
     req = FakeRequest(text_input=s("Hi"), stream=b(True), sampling_parameters=s('{"max_tokens": "2"}'))
-    model._serve(req)
+    serve(model, req)
     sent = req.sender.sent
     assert [f for _, f in sent] == [0, 1]
     assert [r.arrays()["text_output"].tolist() for r, _ in sent] == [[b"Hel"], [b"lo"]]
@@ -407,7 +420,7 @@ def test_serve_non_streaming_is_one_final_response(vm, tokenizer):
     model = make_model(vm, tokenizer)
     FakeBLS.script = lambda bls: engine_stream(engine_arrays(" world", [5, 6], "stop"))
     req = FakeRequest(json.dumps({"temperature": 0}), text_input=s("Hello"), stream=b(False))
-    model._serve(req)
+    serve(model, req)
     assert len(req.sender.sent) == 1 and req.sender.sent[0][1] == 1
     assert req.sender.sent[0][0].arrays()["text_output"].tolist() == [b"Hello world"]
     model.watch.close()
@@ -416,7 +429,7 @@ def test_serve_non_streaming_is_one_final_response(vm, tokenizer):
 def test_serve_refuses_bad_input_without_calling_llm_engine(vm, tokenizer):
     model = make_model(vm, tokenizer)
     req = FakeRequest(text_input=s("Hi"), sampling_parameters=s('{"bogus": 1}'))
-    model._serve(req)
+    serve(model, req)
     (resp, flags), = req.sender.sent
     assert flags == 1 and resp.error().code() == "INVALID_ARG"
     assert resp.error().message().startswith("sampling_parameters.bogus:")
@@ -429,7 +442,7 @@ def test_serve_forwards_an_engine_error_once_and_stops_the_other_sequences(vm, t
     err = FakeError("max_tokens: prompt (3) + max_tokens (9) exceeds the context length 8", "INVALID_ARG")
     FakeBLS.script = lambda bls: [FakeResponse(error=err)]
     req = FakeRequest(text_input=s("Hi"), sampling_parameters=s('{"max_tokens": 9, "n": 2}'))
-    model._serve(req)
+    serve(model, req)
     (resp, flags), = req.sender.sent
     assert flags == 1 and resp.error().code() == "INVALID_ARG"
     assert resp.error().message().startswith("sampling_parameters.max_tokens: prompt (3)")
@@ -446,7 +459,7 @@ def test_serve_ends_with_an_error_when_llm_engine_fails(vm, tokenizer):
         raise RuntimeError("llm_engine is gone")
     FakeBLS.script = boom
     req = FakeRequest(text_input=s("Hi"), stream=b(True))
-    model._serve(req)
+    serve(model, req)
     assert [f for _, f in req.sender.sent] == [0, 1]
     assert "llm_engine is gone" in finals(req.sender)[0].error().message()
     model.watch.close()
@@ -469,7 +482,7 @@ def test_a_cancelled_client_cancels_llm_engine_and_gets_one_cancelled_final(vm, 
         real_cancel(key, n)
         released.set()
     model._cancel = cancel
-    model._serve(req)
+    serve(model, req)
     assert [f for _, f in req.sender.sent] == [0, 1]
     final = finals(req.sender)[0]
     assert final.error().code() == "CANCELLED" and final.error().message() == "Request was cancelled"
@@ -513,7 +526,7 @@ def test_a_final_that_fails_to_send_is_replaced_by_an_internal_error_final(vm, t
     FakeBLS.script = lambda bls: engine_stream(engine_arrays(" world", [5, 6], "stop"))
     req = FakeRequest(json.dumps({"temperature": 0}), text_input=s("Hello"), stream=b(False))
     req.sender = FinalFailsOnce()
-    model._serve(req)
+    serve(model, req)
     (resp, flags), = req.sender.sent
     assert flags == 1 and resp.error().code() == "INTERNAL"
     assert "without its final response" in resp.error().message()
@@ -524,7 +537,7 @@ def test_an_exception_outside_the_stream_still_ends_the_request(vm, tokenizer, m
     model = make_model(vm, tokenizer)
     monkeypatch.setattr(model, "_read", lambda request: (_ for _ in ()).throw(KeyboardInterrupt()))
     req = FakeRequest(text_input=s("Hi"))
-    model._serve(req)
+    serve(model, req)
     (resp, flags), = req.sender.sent
     assert flags == 1 and resp.error().code() == "INTERNAL"
     model.watch.close()
