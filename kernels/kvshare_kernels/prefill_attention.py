@@ -256,8 +256,7 @@ def _prefill_kernel(
     if NEW_KV:
         # The cached prefix through the page table (every row sees all of it; only the tile that
         # holds its end is masked), then the chunk's own keys from the step's K/V.
-        prefix_end = (prefix // BLOCK_N) * BLOCK_N
-        full_end = prefix_end
+        full_end = (prefix // BLOCK_N) * BLOCK_N
         last_key = prefix
     else:
         last_key = tl.minimum(first_pos + BLOCK_MT, ctx)              # one past the largest key seen

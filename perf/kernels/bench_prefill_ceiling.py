@@ -167,6 +167,7 @@ def _time(fn):
 
 def case(flash, hq, hkv, name, b, prefix, q_len):
     from kvshare_kernels import kernels
+    from kvshare_kernels.prefill_attention import default_launch
 
     dev = bc.device()
     ctx = prefix + q_len
@@ -231,11 +232,14 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
     for page, configs in PAGED.items() if not bc.DRY_RUN else {32: [(16, 16, 4, 2), (16, 32, 4, 2)]}.items():
         kp, vp, ptp = paged_copy(kc, vc, b, ctx, page)
         kn, vn = bc.step_kv(kp, vp, ptp, prefix, ctx, hq)
+        engine = default_launch(page, DTYPE, D, torch.device(dev), new_kv=True)
         rec["paged"][page] = {}
         for i, (bm, bn, w, s) in enumerate(configs):
             tlp = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, bm)
             variants = ((False, False, False), (True, False, False), (True, True, False))
-            if i == len(configs) - 1 or (page == 128 and bn == 128 and s == 3):   # the engine's launch there
+            # the engine's launch at this page also with the step's K/V (the dry run's pages have none)
+            if (bm, bn, w, s) == (engine.block_m, engine.block_n, engine.num_warps, engine.num_stages) or (
+                    bc.DRY_RUN and i == len(configs) - 1):
                 variants += ((True, True, True),)
             for tma, ahead, new in variants:
                 step = dict(k_new=kn, v_new=vn) if new else {}
