@@ -46,7 +46,7 @@ import triton.language as tl
 from . import checks, kv_quant, reference
 from . import decode_attention as _da
 from .checks import PageTableError, interpreter_bf16
-from .kv_tiles import P_GAIN, load_kv_tile, token_scales
+from .kv_tiles import P_GAIN, dot_query, load_kv_tile, token_scales
 from .kv_write import scale_launch_args
 
 __all__ = ["CascadePlan", "plan_cascade", "cascade_decode_attention", "cascade_decode_reference",
@@ -386,6 +386,7 @@ def _cascade_prefix_kernel(
     q = tl.load(Q + row_b[:, None] * stride_qb + head[:, None] * stride_qh + c_d[None, :], mask=q_mask, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    q = dot_query(q, KV_QUANT)
 
     m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
@@ -610,13 +611,13 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     group = hq // hkv
     block_d = triton.next_power_of_2(d)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    upcast = interpreter_bf16(q.dtype)
+    upcast = interpreter_bf16(q.dtype) and mode != kv_quant.FP8_MODE   # fp8: fp16 dots (dot_query)
     row_shared = plan.row_shared_len
     num_cols = page_table.shape[1]
 
     pcfg = prefix_config(hq, hkv, plan.max_members)
     heads = heads_per_program or pcfg["heads_per_program"]
-    dcfg = _da.default_config(hq, hkv)
+    dcfg = _da.default_config(hq, hkv, mode)
     s_heads = suffix_heads_per_program or dcfg["heads_per_program"]
     for name, h in (("heads_per_program", heads), ("suffix_heads_per_program", s_heads)):
         if hkv % h:

@@ -19,8 +19,9 @@ bandwidth:
   and works inside CUDA graphs. With one split the first kernel writes the output directly.
 * Online softmax in fp32 with exp2 (the scale is pre-multiplied by log2(e)).
 * 8-bit pools (kv_quant): the pass reads half the bytes, and a tile goes from its load to its dot
-  through one convert only (int8 -> the query's dtype is exact; fp8 e4m3 -> 16-bit is a native
-  cvt on Hopper). The scales never touch tile elements: fp8's per-tensor K scale is folded into
+  through one convert only (int8 -> the query's dtype is exact; over fp8 e4m3 the dots run in fp16,
+  whose convert is native on Hopper, where bf16's added a quarter-rate one per element:
+  kv_tiles.dot_query). The scales never touch tile elements: fp8's per-tensor K scale is folded into
   the score scale and its V scale into the output; int8's per-(token, KV head) scales multiply
   the score tile's columns (q . k_int8 * k_scale[token]) and the probabilities before p @ v
   (p * v_scale[token]): one 4-byte load per token and head (kv_tiles.token_scales). The earlier
@@ -38,7 +39,7 @@ import triton.language as tl
 
 from . import checks, kv_quant
 from .checks import interpreter_bf16
-from .kv_tiles import P_GAIN, load_kv_tile, token_scales
+from .kv_tiles import P_GAIN, dot_query, load_kv_tile, token_scales
 from .kv_write import scale_launch_args
 
 LOG2E = 1.4426950408889634
@@ -83,6 +84,8 @@ def _decode_split_kernel(
     if UPCAST:
         q = q.to(tl.float32)
     q_row = tl.sum(q.to(tl.float32), axis=0)    # the single row when GROUP == HEADS == 1 (no-dot path)
+    if USE_DOT:
+        q = dot_query(q, KV_QUANT)              # fp16 over fp8 tiles (kv_tiles.dot_query)
 
     m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
@@ -218,6 +221,10 @@ MAX_SPLITS = 64
 # where the broadcast of the ids costs more than the gathers it saves.
 MHA_PAGE_IDS = True
 PAGE_IDS = False
+# 8-bit pages with GQA: a tile of 128 tokens (4 warps) halves the per-tile softmax and bookkeeping per
+# byte, which weighs twice as much when a byte is one element: 1.17x (fp8) and 1.24x (int8) over the
+# 16-bit tile at 64 x 2k on the H200 (kv-dtype suite's variant table, 2026-12-01).
+KV8_GQA_BLOCK_N = 128
 
 
 def page_ids_apply(wanted: bool, page_size: int, block_n: int) -> bool:
@@ -226,12 +233,14 @@ def page_ids_apply(wanted: bool, page_size: int, block_n: int) -> bool:
     return bool(wanted) and 1 < page_size < block_n and block_n % page_size == 0
 
 
-def default_config(num_q_heads: int, num_kv_heads: int) -> dict:
-    """Tile, warps, stages and KV heads per program for this head layout."""
+def default_config(num_q_heads: int, num_kv_heads: int, kv_mode: int = kv_quant.NONE) -> dict:
+    """Tile, warps, stages and KV heads per program for this head layout and pool layout
+    (kv_quant.mode_of)."""
     if num_q_heads == num_kv_heads and num_kv_heads % MHA_HEADS_PER_PROGRAM == 0:
         return dict(block_n=MHA_BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
                     heads_per_program=MHA_HEADS_PER_PROGRAM, page_ids=MHA_PAGE_IDS)
-    return dict(block_n=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES, heads_per_program=1,
+    block_n = BLOCK_N if kv_mode == kv_quant.NONE else KV8_GQA_BLOCK_N
+    return dict(block_n=block_n, num_warps=NUM_WARPS, num_stages=NUM_STAGES, heads_per_program=1,
                 page_ids=PAGE_IDS)
 
 
@@ -279,7 +288,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if q.stride(-1) != 1:
         q = q.contiguous()
     group = hq // hkv
-    cfg = default_config(hq, hkv)
+    cfg = default_config(hq, hkv, mode)
     block_n = block_n or cfg["block_n"]
     heads = heads_per_program or (1 if use_dot is False else cfg["heads_per_program"])
     if hkv % heads:
@@ -312,7 +321,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
         GROUP=group, HEADS=heads, BLOCK_R=block_r, BLOCK_C=heads * block_d, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=block_n,
         PAGE_SIZE=page_size, SPLIT=split, USE_DOT=use_dot, HEAD_FASTEST=head_fastest, PRECISION=precision,
-        UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
+        UPCAST=interpreter_bf16(q.dtype) and mode != kv_quant.FP8_MODE, KV_QUANT=mode,
         PAGE_IDS=page_ids_apply(cfg["page_ids"] if page_ids is None else page_ids, page_size, block_n),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )

@@ -35,6 +35,24 @@ def load_kv_tile(C, rows, cols, mask, KV_QUANT: tl.constexpr):
 
 
 @triton.jit
+def dot_query(q, KV_QUANT: tl.constexpr):
+    """The query as the dots over this pool's tiles take it: over fp8 e4m3 tiles, fp16.
+
+    e4m3 -> fp16 is one native convert per pair on Hopper (cvt.rn.f16x2.e4m3x2); e4m3 -> bf16 takes
+    that plus a scalar convert per element at a quarter of the ALU rate, which held fp8 decode to the
+    elements per second of bf16 decode (1.6-2.0 TB/s of fp8 bytes against 3.9-4.3 for bf16 pages on
+    the H200). So over fp8 tiles the dots run in fp16: q is rounded to fp16 once per program (clamped
+    to its range, so that a bf16 query cannot become inf), the tiles convert natively, and p goes to
+    fp16 too (11 bits for [0, 1] instead of bf16's 8); scores and the output accumulate in float32 as
+    before. Launchers do not upcast bf16 for the interpreter here (its fp16 dots are right), so CPU
+    tests run this same path. int8 keeps the query's dtype: Triton converts int8 to bf16 by integer tricks at full rate
+    and to fp16 by a quarter-rate I2F."""
+    if KV_QUANT == 1 and q.dtype != tl.float32:     # a float32 query keeps exact float32 dots
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    return q
+
+
+@triton.jit
 def token_scales(S, s_rows, kvh0, row_head, n_mask, factor, HEADS: tl.constexpr, BLOCK_R: tl.constexpr,
                  BLOCK_N: tl.constexpr):
     """int8 per-(token, KV head) scales times ``factor`` as a multiplier of a score or probability tile:

@@ -20,7 +20,8 @@ a (request, query block) per program, built on the host) the grid is that list x
 by its length alone, so a CUDA graph can hold a step of any split of its tokens; a program's
 work is the same either way, only which program does it changes.
 
-8-bit pools as in the decode kernel: tiles converted to the query's dtype, scales folded into the
+8-bit pools as in the decode kernel: tiles converted to the dots' dtype (the query's; fp16 over fp8
+tiles, kv_tiles.dot_query), scales folded into the
 scores and probabilities (int8) or the score scale and output (fp8); the
 chunk's own new tokens are read back from the pool like the cached ones, so prefill sees exactly
 the K/V that later decode steps see.
@@ -37,7 +38,7 @@ import triton.language as tl
 
 from . import checks, kv_quant
 from .checks import interpreter_bf16
-from .kv_tiles import P_GAIN, load_kv_tile, token_scales
+from .kv_tiles import P_GAIN, dot_query, load_kv_tile, token_scales
 from .kv_write import scale_launch_args
 from .prefill_tiles import BLOCK_M, IDLE, tokens_per_tile
 
@@ -242,6 +243,7 @@ def _prefill_kernel(
                 mask=row_mask[:, None] & d_mask[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    q = dot_query(q, KV_QUANT)             # fp16 over fp8 tiles (kv_tiles.dot_query)
     pos = prefix + tok                     # absolute position of each row's token
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -480,7 +482,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n,
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=page_size,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreter_bf16(q.dtype), KV_QUANT=mode,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        UPCAST=interpreter_bf16(q.dtype) and mode != kv_quant.FP8_MODE, KV_QUANT=mode,   # fp8: fp16 dots
         TILED=tiles is not None, TMA=use_tma, PREFETCH=ahead, NEW_KV=new_kv,
         num_warps=num_warps or launch.num_warps, num_stages=num_stages or launch.num_stages,
     )

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kvshare_kernels import cascade_decode as cd
+from kvshare_kernels import decode_attention as da
 from kvshare_kernels import kernels, kv_quant, reference
 from kvshare_kernels.fused_rotary import rotary_write_kv
 from paged_cases import dense_attention, make_case, rel_err
@@ -203,6 +204,35 @@ def test_decode_mha_fp16_queries(dtype, device):
     and fp8's e4m3 -> fp16 convert feed fp16 dots; the per-head scales must reach the right rows."""
     case = QuantCase(LENS, 4, 4, 16, dtype, device, seed=13, fp8_scales=(0.5, 2.0))
     _check_decode(kernels, case, 4, 16, torch.float16, device, num_splits=2)
+
+
+@pytest.mark.parametrize("dtype", QDTYPES)
+def test_decode_8bit_default_tile_bf16_queries(dtype, device):
+    """8-bit GQA pages take their own default tile (128 tokens; 16-bit pages keep 64), and the default
+    launch over it reads them right with bf16 queries: fp8 through fp16 dots (kv_tiles.dot_query),
+    contexts of one token, of one tile and a bit, and of several tiles split over programs."""
+    mode = kv_quant.mode_of(kv_quant.quantize(torch.zeros(1, 1, 1, 16), dtype)[0])
+    assert da.default_config(8, 2, mode)["block_n"] == 128
+    assert da.default_config(8, 2)["block_n"] == 64
+    case = QuantCase([1, 130, 300], 16, 2, 16, dtype, device, seed=31, fp8_scales=(0.5, 2.0))
+    _check_decode(kernels, case, 8, 16, torch.bfloat16, device)
+    _check_decode(kernels, case, 8, 16, torch.bfloat16, device, num_splits=3)
+
+
+@pytest.mark.parametrize("dtype", QDTYPES)
+def test_prefill_quantized_pages_bf16_queries(dtype, device):
+    """Prefill over 8-bit pages with bf16 queries: fp8 tiles through fp16 dots, int8 through bf16."""
+    lens, q_lens = [9, 33, 20], [9, 5, 1]
+    case = QuantCase(lens, 4, 2, 16, dtype, device, seed=22, fp8_scales=(0.5, 2.0))
+    hq, d = 4, 16
+    q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).to(device)
+    qsl = torch.tensor([0, 9, 14, 15], dtype=torch.int32, device=device)
+    out = kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens,
+                                          d ** -0.5, **case.scales)
+    for i in range(len(lens)):
+        s, e = int(qsl[i]), int(qsl[i + 1])
+        ref = dense_attention(q[s:e], case.dense_k[i], case.dense_v[i], d ** -0.5)
+        assert rel_err(out[s:e], ref) < TOL[torch.bfloat16], f"request {i}"
 
 
 @pytest.mark.parametrize("dtype", QDTYPES)
