@@ -59,12 +59,16 @@ class QuantCase:
 # ----------------------------------------------------------------------------------------------
 
 def test_quantization_error_bounds():
-    x = torch.randn(64, 4, 32, dtype=torch.float64) * torch.logspace(-2, 1, 4, dtype=torch.float64)[None, :, None]
+    gen = torch.Generator().manual_seed(7)      # a seed whose draws sit on a rounding midpoint
+    x = torch.randn(64, 4, 32, dtype=torch.float64, generator=gen)
+    x = x * torch.logspace(-2, 1, 4, dtype=torch.float64)[None, :, None]
     x[3, 1] = 0.0                                    # an all-zero head: zeros back, scale 0
     q8, s8 = kv_quant.quantize(x, INT8)
     back = kv_quant.dequantize(q8, s8, torch.float64)
     step = x.abs().amax(-1, keepdim=True).float().double() / 127
-    assert ((back - x).abs() <= step / 2 + 1e-6 * step + 1e-12).all()
+    # half a step, plus float32's rounding of x, of the scale and of the product (quantize and
+    # dequantize compute in float32): a value at a midpoint may land 3e-6 steps past half a step
+    assert ((back - x).abs() <= step / 2 + (x.abs() + step) * 2 ** -21 + 1e-12).all()
     assert s8[3, 1] == 0 and (q8[3, 1] == 0).all()
     assert q8.abs().max() <= 127
     f8, _ = kv_quant.quantize(x, FP8)
@@ -220,28 +224,14 @@ def test_decode_8bit_default_tile_bf16_queries(dtype, device):
 
 
 @pytest.mark.parametrize("dtype", QDTYPES)
-def test_prefill_quantized_pages_bf16_queries(dtype, device):
-    """Prefill over 8-bit pages with bf16 queries: fp8 tiles through fp16 dots, int8 through bf16."""
-    lens, q_lens = [9, 33, 20], [9, 5, 1]
-    case = QuantCase(lens, 4, 2, 16, dtype, device, seed=22, fp8_scales=(0.5, 2.0))
-    hq, d = 4, 16
-    q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).to(device)
-    qsl = torch.tensor([0, 9, 14, 15], dtype=torch.int32, device=device)
-    out = kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens,
-                                          d ** -0.5, **case.scales)
-    for i in range(len(lens)):
-        s, e = int(qsl[i]), int(qsl[i + 1])
-        ref = dense_attention(q[s:e], case.dense_k[i], case.dense_v[i], d ** -0.5)
-        assert rel_err(out[s:e], ref) < TOL[torch.bfloat16], f"request {i}"
-
-
-@pytest.mark.parametrize("dtype", QDTYPES)
 @pytest.mark.parametrize("impl", [kernels, reference], ids=["triton", "reference"])
-def test_prefill_reads_quantized_pages(dtype, impl, device):
+@pytest.mark.parametrize("qdt", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prefill_reads_quantized_pages(dtype, impl, qdt, device):
+    """float32 queries, and bf16 ones (over fp8 tiles the kernel's dots then run in fp16)."""
     lens, q_lens = [9, 33, 20], [9, 5, 1]              # a whole prompt, an extend chunk, one token
     case = QuantCase(lens, 4, 2, 16, dtype, device, seed=21, fp8_scales=(1.0, 0.25))
     hq, d = 4, 16
-    q = torch.randn(sum(q_lens), hq, d, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).float()
+    q = torch.randn(sum(q_lens), hq, d, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).to(qdt)
     q = q.to(device)
     qsl = torch.tensor([0, 9, 14, 15], dtype=torch.int32, device=device)
     out = impl.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens,
@@ -249,7 +239,7 @@ def test_prefill_reads_quantized_pages(dtype, impl, device):
     for i in range(len(lens)):
         s, e = int(qsl[i]), int(qsl[i + 1])
         ref = dense_attention(q[s:e], case.dense_k[i], case.dense_v[i], d ** -0.5)
-        assert rel_err(out[s:e], ref) < TOL[torch.float32], f"request {i}"
+        assert rel_err(out[s:e], ref) < TOL[qdt], f"request {i}"
 
 
 @pytest.mark.parametrize("dtype", QDTYPES)
