@@ -611,7 +611,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     group = hq // hkv
     block_d = triton.next_power_of_2(d)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    upcast = interpreter_bf16(q.dtype) and mode != kv_quant.FP8_MODE   # fp8: fp16 dots (dot_query)
+    upcast = interpreter_bf16(q.dtype, mode)
     row_shared = plan.row_shared_len
     num_cols = page_table.shape[1]
 

@@ -19,6 +19,8 @@ import os
 
 import torch
 
+from .kv_quant import FP8_MODE, NONE
+
 
 class PageTableError(ValueError):
     """A page table, slot mapping or page list points outside the KV pool."""
@@ -30,13 +32,15 @@ def debug_enabled(debug: bool | None) -> bool:
     return os.environ.get("KVSHARE_KERNEL_DEBUG", "0").strip().lower() not in ("", "0", "false", "no")
 
 
-def interpreter_bf16(dtype: torch.dtype) -> bool:
-    """True when kernels run under TRITON_INTERPRET on bf16 data.
+def interpreter_bf16(dtype: torch.dtype, kv_mode: int = NONE) -> bool:
+    """True when kernels run under TRITON_INTERPRET with bf16 dots.
 
     The interpreter's tl.dot multiplies bf16 operands as their raw 16-bit integers (Triton 3.9), so
     the kernels upcast to fp32 before their dots in exactly this case; compiled kernels never do.
+    Over fp8 pools (kv_mode FP8_MODE) a bf16 query's dots run in fp16
+    (kv_tiles.dot_query), which the interpreter multiplies right: no upcast, the GPU's dtype flow.
     """
-    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return dtype == torch.bfloat16 and kv_mode != FP8_MODE and os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _require(cond: bool, msg: str) -> None:

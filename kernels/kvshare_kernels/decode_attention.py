@@ -321,7 +321,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
         GROUP=group, HEADS=heads, BLOCK_R=block_r, BLOCK_C=heads * block_d, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=block_n,
         PAGE_SIZE=page_size, SPLIT=split, USE_DOT=use_dot, HEAD_FASTEST=head_fastest, PRECISION=precision,
-        UPCAST=interpreter_bf16(q.dtype) and mode != kv_quant.FP8_MODE, KV_QUANT=mode,
+        UPCAST=interpreter_bf16(q.dtype, mode), KV_QUANT=mode,
         PAGE_IDS=page_ids_apply(cfg["page_ids"] if page_ids is None else page_ids, page_size, block_n),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )

@@ -44,8 +44,8 @@ def dot_query(q, KV_QUANT: tl.constexpr):
     the H200). So over fp8 tiles the dots run in fp16: q is rounded to fp16 once per program (clamped
     to its range, so that a bf16 query cannot become inf), the tiles convert natively, and p goes to
     fp16 too (11 bits for [0, 1] instead of bf16's 8); scores and the output accumulate in float32 as
-    before. Launchers do not upcast bf16 for the interpreter here (its fp16 dots are right), so CPU
-    tests run this same path. int8 keeps the query's dtype: Triton converts int8 to bf16 by integer
+    before. checks.interpreter_bf16 does not upcast bf16 for the interpreter here (its fp16 dots are
+    right), so CPU tests run this same path. int8 keeps the query's dtype: Triton converts int8 to bf16 by integer
     tricks at full rate and to fp16 by a quarter-rate I2F (perf/kernels/sass_loop.py counts both)."""
     if KV_QUANT == 1 and q.dtype != tl.float32:     # a float32 query keeps exact float32 dots
         q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)

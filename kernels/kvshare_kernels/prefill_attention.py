@@ -483,7 +483,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n,
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=page_size,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=interpreter_bf16(q.dtype) and mode != kv_quant.FP8_MODE, KV_QUANT=mode,   # fp8: fp16 dots
+        UPCAST=interpreter_bf16(q.dtype, mode), KV_QUANT=mode,
         TILED=tiles is not None, TMA=use_tma, PREFETCH=ahead, NEW_KV=new_kv,
         num_warps=num_warps or launch.num_warps, num_stages=num_stages or launch.num_stages,
     )

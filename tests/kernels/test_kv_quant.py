@@ -215,10 +215,9 @@ def test_decode_8bit_default_tile_bf16_queries(dtype, device):
     """8-bit GQA pages take their own default tile (128 tokens; 16-bit pages keep 64), and the default
     launch over it reads them right with bf16 queries: fp8 through fp16 dots (kv_tiles.dot_query),
     contexts of one token, of one tile and a bit, and of several tiles split over programs."""
-    mode = kv_quant.mode_of(kv_quant.quantize(torch.zeros(1, 1, 1, 16), dtype)[0])
-    assert da.default_config(8, 2, mode)["block_n"] == 128
-    assert da.default_config(8, 2)["block_n"] == 64
     case = QuantCase([1, 130, 300], 16, 2, 16, dtype, device, seed=31, fp8_scales=(0.5, 2.0))
+    assert da.default_config(8, 2, kv_quant.mode_of(case.k_cache))["block_n"] == 128
+    assert da.default_config(8, 2)["block_n"] == 64
     _check_decode(kernels, case, 8, 16, torch.bfloat16, device)
     _check_decode(kernels, case, 8, 16, torch.bfloat16, device, num_splits=3)
 
