@@ -3,13 +3,14 @@
     python -m perf.peer.serving_ceiling perf/results/peer-serving/DATE/.../serving.json [--gpu H100] [--md F]
 
 For a closed-loop point of a trace without shared prefixes (the `mixed` points), with c requests
-always in flight: every prompt token costs 2 x (parameters less the embedding) FLOPs at the GPU's
-dense fp16 peak, and every output token its share of one decode step, which reads the weights once
-for the c sequences and each sequence's K/V at its context then (the token-weighted mean over the
-trace's outputs), at the GPU's peak memory bandwidth, or the step's FLOPs, whichever takes longer.
-Datasheet peaks, not measured rates: the result is a bound no server can pass at 16-bit weights and
-KV. It answers whether "1.2x the peer" is reachable at a point: the table gives what 1.2x the peer's
-throughput would be as a share of that bound.
+always in flight: every prompt token costs 2 x parameters FLOPs at the GPU's dense fp16 peak, and
+every output token its share of one decode step, which reads the weights once for the c sequences
+and each sequence's K/V at its context then (the token-weighted mean over the trace's outputs), at
+the GPU's peak memory bandwidth, or the step's FLOPs, whichever takes longer. The model's counts are
+the engine table's (Llama-2-7B fp16). Datasheet peaks, not measured rates: the result is a bound no
+server can pass at 16-bit weights and KV. It answers whether "1.2x the peer" is reachable at a point:
+the table gives what 1.2x the peer's throughput would be as a share of that bound, and the bound
+with fp8 KV pages (half the K/V bytes).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perf.core.workload_traces import make_trace
+from perf.report.engine_table import KV_BYTES_PER_TOKEN, PARAMS, WEIGHT_BYTES
 
 
 @dataclass(frozen=True)
@@ -34,15 +36,14 @@ ROOFLINES = {"H100": Roofline("H100 SXM", 3.35e12, 989e12), "H200": Roofline("H2
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What a step reads and computes per token: Llama-2-7B in fp16 by default."""
-    params: float = 6.74e9            # all parameters
-    embedding: float = 32000 * 4096   # not read by a step but for the rows it gathers
-    kv_bytes_per_token: int = 2 * 32 * 32 * 128 * 2
-    bytes_per_param: int = 2
+    """What a step computes per token and reads: Llama-2-7B in fp16 by default, as the engine table
+    counts it (perf/report/engine_table.py)."""
+    flops_per_token: float = 2 * PARAMS
+    weight_bytes: float = WEIGHT_BYTES
+    kv_bytes_per_token: float = KV_BYTES_PER_TOKEN
 
-    @property
-    def step_params(self) -> float:
-        return self.params - self.embedding
+
+KV8 = ModelShape(kv_bytes_per_token=KV_BYTES_PER_TOKEN / 2)     # fp8 e4m3 pages: one byte per element
 
 
 def closed_loop_ceiling(prompts: list[int], outputs: list[int], concurrency: int, gpu: Roofline,
@@ -50,9 +51,9 @@ def closed_loop_ceiling(prompts: list[int], outputs: list[int], concurrency: int
     """Output tok/s no server can pass on these requests with `concurrency` always in flight."""
     tokens = sum(outputs)
     mean_ctx = sum(p * o + o * (o - 1) / 2 for p, o in zip(prompts, outputs)) / tokens
-    prefill_s = 2 * shape.step_params * sum(prompts) / gpu.flops
-    step_bytes = shape.step_params * shape.bytes_per_param + concurrency * mean_ctx * shape.kv_bytes_per_token
-    step_s = max(step_bytes / gpu.bandwidth, 2 * shape.step_params * concurrency / gpu.flops)
+    prefill_s = shape.flops_per_token * sum(prompts) / gpu.flops
+    step_bytes = shape.weight_bytes + concurrency * mean_ctx * shape.kv_bytes_per_token
+    step_s = max(step_bytes / gpu.bandwidth, shape.flops_per_token * concurrency / gpu.flops)
     return tokens / (prefill_s + tokens * step_s / concurrency)
 
 
@@ -70,22 +71,25 @@ def rows(report: dict, gpu: Roofline) -> list[dict]:
         if p["loop"] != "closed" or not p["trace"].startswith("mixed"):
             continue
         reqs = make_trace(p["trace"]).requests[: p["requests"]]
-        ceiling = closed_loop_ceiling([len(r.prompt_ids) for r in reqs], [r.max_new_tokens for r in reqs],
-                                      p["concurrency"], gpu)
+        prompts, outputs = [len(r.prompt_ids) for r in reqs], [r.max_new_tokens for r in reqs]
+        ceiling = closed_loop_ceiling(prompts, outputs, p["concurrency"], gpu)
         k, v = p["kvshare"]["sustained_tok_per_s"], p["vllm"]["sustained_tok_per_s"]
         out.append(dict(point=p["point"], concurrency=p["concurrency"], ceiling=ceiling, kvshare=k, vllm=v,
-                        kvshare_share=k / ceiling, vllm_share=v / ceiling, goal_share=1.2 * v / ceiling))
+                        kvshare_share=k / ceiling, vllm_share=v / ceiling, goal_share=1.2 * v / ceiling,
+                        ceiling_kv8=closed_loop_ceiling(prompts, outputs, p["concurrency"], gpu, KV8)))
     return out
 
 
 def markdown(rs: list[dict], gpu: Roofline) -> str:
     lines = [f"Roofline per closed-loop mixed point ({gpu.name}: {gpu.bandwidth / 1e12:.2f} TB/s, "
              f"{gpu.flops / 1e12:.0f} TFLOP/s; perf/peer/serving_ceiling.py)", "",
-             "| point | in flight | ceiling tok/s | kvshare tok/s (share) | vLLM tok/s (share) | 1.2x vLLM as a share |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| point | in flight | ceiling tok/s | kvshare tok/s (share) | vLLM tok/s (share) | 1.2x vLLM as a share | "
+             "ceiling with fp8 KV pages |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
         lines.append(f"| {r['point']} | {r['concurrency']} | {r['ceiling']:,.0f} | {r['kvshare']:,.0f} "
-                     f"({r['kvshare_share']:.0%}) | {r['vllm']:,.0f} ({r['vllm_share']:.0%}) | {r['goal_share']:.0%} |")
+                     f"({r['kvshare_share']:.0%}) | {r['vllm']:,.0f} ({r['vllm_share']:.0%}) | {r['goal_share']:.0%} | "
+                     f"{r['ceiling_kv8']:,.0f} |")
     return "\n".join(lines)
 
 

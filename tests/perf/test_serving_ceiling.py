@@ -15,9 +15,8 @@ def test_one_stream_reads_the_weights_per_token():
     """One request of 1 prompt token and 2 outputs: each output costs the weights plus its context's K/V."""
     shape = sc.ModelShape()
     got = sc.closed_loop_ceiling([1], [2], 1, H200, shape)
-    prefill = 2 * shape.step_params / H200.flops
-    w = shape.step_params * shape.bytes_per_param
-    decode = 2 * (w + 1.5 * shape.kv_bytes_per_token) / H200.bandwidth       # contexts 1 and 2: mean 1.5
+    prefill = shape.flops_per_token / H200.flops
+    decode = 2 * (shape.weight_bytes + 1.5 * shape.kv_bytes_per_token) / H200.bandwidth   # contexts 1, 2: mean 1.5
     assert got == pytest.approx(2 / (prefill + decode), rel=1e-12)
 
 
@@ -25,7 +24,7 @@ def test_more_in_flight_raises_the_bound_until_compute_holds_it():
     reqs = make_trace("mixed-1k").requests[:200]
     prompts, outputs = [len(r.prompt_ids) for r in reqs], [r.max_new_tokens for r in reqs]
     bounds = [sc.closed_loop_ceiling(prompts, outputs, c, H200) for c in (1, 16, 64, 256)]
-    assert bounds == sorted(bounds) and bounds[-1] < H200.flops / (2 * sc.ModelShape().step_params)
+    assert bounds == sorted(bounds) and bounds[-1] < H200.flops / sc.ModelShape().flops_per_token
 
 
 def test_report_table(tmp_path):
