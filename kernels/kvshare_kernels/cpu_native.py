@@ -23,6 +23,7 @@ log = logging.getLogger("kvshare.kernels")
 
 # the block GEMM (linear layers on GGUF blocks) and the paged decode attention, one library
 SOURCES = tuple(Path(__file__).parent / "cpu" / name for name in ("block_gemm.cpp", "paged_decode.cpp"))
+HEADERS = (Path(__file__).parent / "cpu" / "check.h",)
 FLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-w")
 
 
@@ -34,7 +35,7 @@ def library_path() -> Path:
     """Where the library for this source, torch and flag set lies (its name is their digest)."""
     key = hashlib.sha1()
     # torch's own directory too: the library's rpath names it.
-    for part in (*(src.read_bytes() for src in SOURCES), torch.__version__.encode(), torch.__file__.encode(), " ".join(FLAGS).encode(),
+    for part in (*(src.read_bytes() for src in (*SOURCES, *HEADERS)), torch.__version__.encode(), torch.__file__.encode(), " ".join(FLAGS).encode(),
                  str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()):
         key.update(part)
     return SOURCES[0].parent / "_build" / f"kvshare_cpu-{key.hexdigest()[:12]}.so"

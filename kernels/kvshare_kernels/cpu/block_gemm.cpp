@@ -24,6 +24,8 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include "check.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -94,7 +96,7 @@ KV_TARGET void rows(int64_t mr, const float* x, int64_t ldx, const float* w, int
     KV_ROWS(12) KV_ROWS(11) KV_ROWS(10) KV_ROWS(9) KV_ROWS(8) KV_ROWS(7)
     KV_ROWS(6) KV_ROWS(5) KV_ROWS(4) KV_ROWS(3) KV_ROWS(2) KV_ROWS(1)
 #undef KV_ROWS
-    default: TORCH_CHECK(false, "row tile of ", mr);
+    default: kv_check_failed("row tile of %lld", (long long)mr);
   }
 }
 
@@ -144,8 +146,10 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& qs, const at::Ten
   TORCH_CHECK(d.scalar_type() == at::kShort && d.dim() == 3 && d.size(0) == qs.size(0) && d.size(2) == kLanes &&
               d.is_contiguous(), "d must be contiguous int16 (fp16 bits) [N/16, K/32, 16]");
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0) * kLanes;
-  TORCH_CHECK(K % kBlock == 0 && d.size(1) == K / kBlock, "x has ", K, " columns, the weight ", d.size(1), " blocks of 32");
-  TORCH_CHECK(qs.size(1) == (format == 0 ? K / 2 : K), "qs holds ", qs.size(1), " k rows, not ", format == 0 ? K / 2 : K);
+  KV_CHECK(K % kBlock == 0 && d.size(1) == K / kBlock, "x has %lld columns, the weight %lld blocks of 32", (long long)K,
+           (long long)d.size(1));
+  KV_CHECK(qs.size(1) == (format == 0 ? K / 2 : K), "qs holds %lld k rows, not %lld", (long long)qs.size(1),
+           (long long)(format == 0 ? K / 2 : K));
   const uint16_t* mp = nullptr;
   if (format == 0) {
     TORCH_CHECK(m.has_value() && m->scalar_type() == at::kShort && m->sizes() == d.sizes() && m->is_contiguous(),

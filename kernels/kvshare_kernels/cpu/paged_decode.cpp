@@ -17,6 +17,8 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include "check.h"
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -82,18 +84,21 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
               "paged_decode_attention: page_table must be contiguous int32 [B, W], context_lens int32 [B]");
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t P = k_cache.size(0), S = k_cache.size(1), Hkv = k_cache.size(2), W = page_table.size(1);
-  TORCH_CHECK(k_cache.size(3) == D && D % 16 == 0, "paged_decode_attention: head_dim must match and be a multiple of 16, got ", D);
-  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "paged_decode_attention: ", Hq, " query heads for ", Hkv, " KV heads");
-  TORCH_CHECK(page_table.size(0) == B && context_lens.size(0) == B,
-              "paged_decode_attention: page_table and context_lens must have one row per query (", B, ")");
+  KV_CHECK(k_cache.size(3) == D && D % 16 == 0, "paged_decode_attention: head_dim must match and be a multiple of 16, got %lld",
+           (long long)D);
+  KV_CHECK(Hkv > 0 && Hq % Hkv == 0, "paged_decode_attention: %lld query heads for %lld KV heads", (long long)Hq, (long long)Hkv);
+  KV_CHECK(page_table.size(0) == B && context_lens.size(0) == B,
+           "paged_decode_attention: page_table and context_lens must have one row per query (%lld)", (long long)B);
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   const int32_t* table = page_table.data_ptr<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(lens[b] >= 0 && (lens[b] + S - 1) / S <= W, "paged_decode_attention: context_lens[", b, "] = ",
-                lens[b], " needs more pages than page_table's ", W, " columns");
+    KV_CHECK(lens[b] >= 0 && (lens[b] + S - 1) / S <= W,
+             "paged_decode_attention: context_lens[%lld] = %d needs more pages than page_table's %lld columns",
+             (long long)b, lens[b], (long long)W);
     for (int64_t i = 0; i < (lens[b] + S - 1) / S; ++i)
-      TORCH_CHECK(table[b * W + i] >= 0 && table[b * W + i] < P, "paged_decode_attention: page_table[", b, ", ", i,
-                  "] = ", table[b * W + i], " is outside the pool of ", P, " pages");
+      KV_CHECK(table[b * W + i] >= 0 && table[b * W + i] < P,
+               "paged_decode_attention: page_table[%lld, %lld] = %d is outside the pool of %lld pages", (long long)b,
+               (long long)i, table[b * W + i], (long long)P);
   }
   at::Tensor out = at::zeros_like(q);      // a context of 0 tokens reads as zeros, not NaN
   const float* qp = q.data_ptr<float>();
