@@ -225,6 +225,10 @@ PAGE_IDS = False
 # byte, which weighs twice as much when a byte is one element: 1.17x (fp8) and 1.24x (int8) over the
 # 16-bit tile at 64 x 2k on the H200 (kv-dtype suite's variant table, 2026-12-01).
 KV8_GQA_BLOCK_N = 128
+# 8-bit pages with 32/32 heads: four KV heads per program (512 contiguous bytes of a token, as the
+# 16-bit tile's two heads read) once the dots run in fp16 over fp8: 1.14x / 1.06x (fp8) and 1.21x /
+# 1.20x (int8) over the 16-bit tile at 64 / 256 x 2k (kv-dtype suite, H100, 2026-12-06).
+KV8_MHA_HEADS_PER_PROGRAM = 4
 
 
 def page_ids_apply(wanted: bool, page_size: int, block_n: int) -> bool:
@@ -237,8 +241,10 @@ def default_config(num_q_heads: int, num_kv_heads: int, kv_mode: int = kv_quant.
     """Tile, warps, stages and KV heads per program for this head layout and pool layout
     (kv_quant.mode_of)."""
     if num_q_heads == num_kv_heads and num_kv_heads % MHA_HEADS_PER_PROGRAM == 0:
+        eight_bit = kv_mode != kv_quant.NONE and num_kv_heads % KV8_MHA_HEADS_PER_PROGRAM == 0
         return dict(block_n=MHA_BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-                    heads_per_program=MHA_HEADS_PER_PROGRAM, page_ids=MHA_PAGE_IDS)
+                    heads_per_program=KV8_MHA_HEADS_PER_PROGRAM if eight_bit else MHA_HEADS_PER_PROGRAM,
+                    page_ids=MHA_PAGE_IDS)
     block_n = BLOCK_N if kv_mode == kv_quant.NONE else KV8_GQA_BLOCK_N
     return dict(block_n=block_n, num_warps=NUM_WARPS, num_stages=NUM_STAGES, heads_per_program=1,
                 page_ids=PAGE_IDS)
