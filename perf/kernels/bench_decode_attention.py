@@ -248,6 +248,41 @@ def sweep_page16(md=None):
     return res
 
 
+# fixed-64 / fixed-256's decode: every sequence at 129-256 tokens (a 128-token prompt, 128 generated),
+# where a context is a few tiles and the loop's prologue, epilogue and partial last tile weigh more
+# than at 2k. The defaults beside shorter tiles, more heads per program, fewer stages.
+SHORT_SHAPES = [(32, 32, 256, 160), (32, 32, 256, 224), (32, 32, 64, 192), (32, 8, 256, 192)]
+SHORT_VARIANTS = [dict(), dict(page_ids=False), dict(num_stages=2), dict(num_stages=4),
+                  dict(block_n=16, num_warps=4, num_stages=4), dict(block_n=16, num_warps=4, num_stages=4, heads_per_program=4),
+                  dict(block_n=16, num_warps=4, num_stages=3, heads_per_program=8),
+                  dict(block_n=32, num_warps=4, num_stages=3, heads_per_program=4),
+                  dict(block_n=64, num_warps=4, num_stages=2, heads_per_program=2),
+                  dict(block_n=32, num_warps=2, num_stages=3),
+                  dict(head_fastest=False)]
+
+
+def sweep_short(md=None):
+    """Decode at fixed-256's contexts (129-256 tokens), page 16: the default config against others."""
+    shapes, variants = SHORT_SHAPES, SHORT_VARIANTS
+    if bc.DRY_RUN:
+        shapes, variants = [(2, 2, 2, 40)], [dict(), dict(block_n=16, num_warps=4, num_stages=4)]
+    rows, res = [], []
+    for hq, hkv, b, ctx in shapes:
+        base = None
+        for cfg in variants:
+            if hq != hkv and cfg.get("heads_per_program", 1) > 1:
+                continue
+            t = time_kvshare(b, hq, hkv, ctx, 16, **cfg)
+            base = base or t
+            rows.append([f"{hq}/{hkv} {b}x{ctx} p16", str(cfg or "default"), f"{t * 1e6:.1f}",
+                         f"{kv_bytes(b, hkv, ctx) / t / 1e12:.2f}", f"{base / t:.3f}"])
+            res.append(dict(hq=hq, hkv=hkv, batch=b, ctx=ctx, page=16, cfg=cfg, s=t))
+            print("  " + " | ".join(rows[-1]), flush=True)
+    bc.print_table("decode at short contexts (fixed-64/256's 129-256 tokens), page 16 (graph-timed)",
+                   ["shape", "config", "us", "TB/s", "vs default"], rows, md)
+    return res
+
+
 def sweep(md=None):
     """Tile / grid-order / heads-per-program variants on representative shapes, then split counts."""
     res = {"tiles": [], "splits": []}
@@ -300,6 +335,7 @@ def main(argv=None):
     ap.add_argument("--table", action="store_true", help="the main table (default when nothing is chosen)")
     ap.add_argument("--kv-dtypes", action="store_true", help="bf16 vs fp8 e4m3 vs int8 pages")
     ap.add_argument("--page16", action="store_true", help="page-16 variants: table reads per token vs per page")
+    ap.add_argument("--short", action="store_true", help="short contexts (fixed-256's 129-256 tokens): config variants")
     ap.add_argument("--json", help="write all timings here")
     ap.add_argument("--md", help="append the markdown tables here")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (interpreter): checks the script")
@@ -317,7 +353,9 @@ def main(argv=None):
         out["kv_dtypes"] = kv_dtype_table(a.md)
     if a.page16:
         out["page16"] = sweep_page16(a.md)
-    if a.table or not (a.sweep or a.kv_dtypes or a.page16):
+    if a.short:
+        out["short"] = sweep_short(a.md)
+    if a.table or not (a.sweep or a.kv_dtypes or a.page16 or a.short):
         out["table"] = table(a.md)
     bc.dump_json(a.json, out)
 
