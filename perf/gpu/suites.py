@@ -237,7 +237,7 @@ SMOLLM2_EXPECTED = "perf/engine/smollm2_cpu_expected.json"
 SUITES: tuple[Suite, ...] = (
     Suite("kernels",
           "paged decode, prefill and cascade attention kernels vs torch SDPA (TB/s, TFLOP/s), after the "
-          "kernel tests; the sampler's sort vs grouped paths",
+          "kernel tests; the sampler's sort vs grouped paths; decode configs at fixed-256's short contexts",
           (Stage("tests", KERNEL_TESTS, 180),
            Stage("decode", (PY, "perf/kernels/bench_decode_attention.py", "--table", "--json", "{out}/decode.json",
                             "--md", "{out}/tables.md"), 270, ("decode.json", "tables.md"), needs=("tests",)),
@@ -246,7 +246,11 @@ SUITES: tuple[Suite, ...] = (
            Stage("cascade", (PY, "perf/kernels/bench_cascade_decode.py", "--json", "{out}/cascade.json",
                              "--md", "{out}/tables.md"), 150, ("cascade.json",), needs=("tests",)),
            Stage("sampler", (PY, "perf/engine/bench_sampler.py", "--batches", "12,64,256", "--vocabs", "32000,128256",
-                             "--json", "{out}/sampler.json"), 90, ("sampler.json",))),
+                             "--json", "{out}/sampler.json"), 90, ("sampler.json",)),
+           # fixed-256's decode contexts (129-256 tokens): the defaults against other tiles
+           Stage("decode-short", (PY, "perf/kernels/bench_decode_attention.py", "--short", "--json",
+                                  "{out}/decode-short.json", "--md", "{out}/decode-short.md"), 150,
+                 ("decode-short.json", "decode-short.md"))),
           minutes=2),
     Suite("engine",
           "offline tok/s and TTFT, Llama-2-7B shape fp16, vs HF generate / generate_batch on the same requests: "
