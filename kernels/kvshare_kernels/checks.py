@@ -140,3 +140,8 @@ def check_page_list_values(pages: torch.Tensor, num_pages: int, what: str) -> No
     if bad.any():
         i = int(bad.nonzero()[0, 0])
         raise PageTableError(f"{what}[{i}] = {int(p[i])} is outside the pool [0, {num_pages})")
+
+
+def max_offset(t: torch.Tensor) -> int:
+    """The largest element offset a kernel computes into t from its base: sum of (size - 1) x stride."""
+    return sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)

@@ -47,6 +47,18 @@ IDLE_TILE: tl.constexpr = tl.constexpr(IDLE)
 
 
 @triton.jit
+def _row_index(page, ROWS32: tl.constexpr):
+    # A page id as the tile's row offsets are computed from it. ROWS32: every offset into the pools
+    # fits in int32 (the launcher checks), so page x stride stays 32-bit. Compiled for sm_90 by
+    # Triton 3.6, the page-16 gather loop (128 x 128 tiles) takes 562 instructions a warp and tile
+    # with this and SAME_ROWS against 635 without either (627 with SAME_ROWS alone); a TMA tile's
+    # loop takes 493.
+    if not ROWS32:
+        page = page.to(tl.int64)
+    return page
+
+
+@triton.jit
 def _load_tile(C, rows, cols, mask, KV_QUANT: tl.constexpr):
     """load_kv_tile, or with mask None a load with no mask at all (load_kv_tile always passes one)."""
     if mask is None:
@@ -76,7 +88,7 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, k_desc, v_desc, kv_col,
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_QUANT: tl.constexpr,
-                  TMA: tl.constexpr, PREFETCH: tl.constexpr):
+                  TMA: tl.constexpr, PREFETCH: tl.constexpr, SAME_ROWS: tl.constexpr, ROWS32: tl.constexpr):
     # Keys [start, end), start a multiple of BLOCK_N. CAUSAL: the diagonal tiles, whose rows see
     # different keys and whose last tile may run past `end`. Otherwise every tile is whole and
     # in bounds (the caller's full_end), so no load is masked but over a padded head_dim.
@@ -86,7 +98,7 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
     # one page's slice or whole pages).
     if PREFETCH:
         if PAGE_SIZE % BLOCK_N == 0:
-            page_next = tl.load(pt_row + start // PAGE_SIZE, mask=start < end, other=0).to(tl.int64)
+            page_next = _row_index(tl.load(pt_row + start // PAGE_SIZE, mask=start < end, other=0), ROWS32)
         else:
             ids_next = start // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
             pages_next = tl.load(pt_row + ids_next, mask=ids_next * PAGE_SIZE < end, other=0)
@@ -96,10 +108,10 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
         if PAGE_SIZE % BLOCK_N == 0:
             if PREFETCH:
                 page = page_next
-                page_next = tl.load(pt_row + (n + BLOCK_N) // PAGE_SIZE, mask=n + BLOCK_N < end,
-                                    other=0).to(tl.int64)
+                page_next = _row_index(tl.load(pt_row + (n + BLOCK_N) // PAGE_SIZE, mask=n + BLOCK_N < end,
+                                               other=0), ROWS32)
             else:
-                page = tl.load(pt_row + n // PAGE_SIZE).to(tl.int64)
+                page = _row_index(tl.load(pt_row + n // PAGE_SIZE), ROWS32)
             in_page = n % PAGE_SIZE + r
         elif PAGE_SIZE > 1 and BLOCK_N % PAGE_SIZE == 0:
             # One id per page of the tile, repeated over its tokens, instead of a gather per token.
@@ -115,13 +127,13 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             else:
                 pages = tl.load(pt_row + ids)
             page = tl.reshape(tl.broadcast_to(pages[:, None], (BLOCK_N // PAGE_SIZE, PAGE_SIZE)), (BLOCK_N,))
-            page = page.to(tl.int64)
+            page = _row_index(page, ROWS32)
             in_page = r % PAGE_SIZE
         else:
             if CAUSAL:
-                page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+                page = _row_index(tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0), ROWS32)
             else:
-                page = tl.load(pt_row + offs_n // PAGE_SIZE).to(tl.int64)
+                page = _row_index(tl.load(pt_row + offs_n // PAGE_SIZE), ROWS32)
             in_page = offs_n % PAGE_SIZE
         if CAUSAL:
             if BLOCK_D == HEAD_DIM:
@@ -144,8 +156,12 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             if CAUSAL:
                 v = tl.where(n_mask[:, None], v, 0.0)
         else:
-            k = _load_tile(k_head, page * stride_kp + in_page * stride_kt, d, kv_mask, KV_QUANT)
-            v = _load_tile(v_head, page * stride_vp + in_page * stride_vt, d, kv_mask, KV_QUANT)
+            k_rows = page * stride_kp + in_page * stride_kt
+            # SAME_ROWS: K and V pools share their strides (the engine's always do), so V's rows
+            # are K's offsets from its own base: one address computation per tile, not two
+            v_rows = k_rows if SAME_ROWS else page * stride_vp + in_page * stride_vt
+            k = _load_tile(k_head, k_rows, d, kv_mask, KV_QUANT)
+            v = _load_tile(v_head, v_rows, d, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
             k = k.to(q.dtype)
             v = v.to(q.dtype)
@@ -211,7 +227,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, KV_QUANT: tl.constexpr, TILED: tl.constexpr, TMA: tl.constexpr, PREFETCH: tl.constexpr,
-    NEW_KV: tl.constexpr,
+    NEW_KV: tl.constexpr, SAME_ROWS: tl.constexpr, ROWS32: tl.constexpr,
 ):
     if TILED:
         tile = tl.program_id(0)
@@ -266,11 +282,11 @@ def _prefill_kernel(
     acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, 0, full_end, scale_log2,
                                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, KD, VD,
                                   kvh * HEAD_DIM, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, False, PRECISION, UPCAST,
-                                  KV_QUANT, TMA, PREFETCH)
+                                  KV_QUANT, TMA, PREFETCH, SAME_ROWS, ROWS32)
     acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, full_end, last_key, scale_log2,
                                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, KD, VD,
                                   kvh * HEAD_DIM, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, True, PRECISION, UPCAST,
-                                  KV_QUANT, TMA, PREFETCH)
+                                  KV_QUANT, TMA, PREFETCH, SAME_ROWS, ROWS32)
     if NEW_KV:
         tok_first = mblk * BLOCK_MT
         self_full = ((tok_first + 1) // BLOCK_N) * BLOCK_N          # chunk keys every row sees
@@ -397,7 +413,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             debug: bool | None = None, block_m: int | None = None, block_n: int | None = None,
                             num_warps: int | None = None, num_stages: int | None = None,
                             tma: bool | None = None, prefetch_page_ids: bool | None = None,
-                            k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None) -> torch.Tensor:
+                            k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
+                            rows32: bool | None = None) -> torch.Tensor:
     """q [T, Hq, D] (requests back to back); query_start_loc int32 [B+1]; context_lens int32 [B].
 
     k_scale/v_scale: an int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats.
@@ -416,7 +433,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     pool (new_kv_applies: a 16-bit pool of q's dtype). Given, each request's chunk reads its own keys
     from them (one bulk copy a tile, whatever the page size) and only its cached prefix through the
     page table; the tiles then start at the chunk's first token, not at position 0, so the sums
-    round in another order than without them."""
+    round in another order than without them.
+    rows32: compute the pool's row offsets in int32 (None: where every offset into both pools fits;
+    False forces int64, for tests)."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
@@ -469,6 +488,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     # 389-399 TFLOP/s on the 32k chunk (bench_prefill_ceiling, H100, 2026-12-06)
     ahead = ((use_tma or new_kv) if prefetch_page_ids is None else prefetch_page_ids) and (
         page_size % block_n == 0 or (page_size > 1 and block_n % page_size == 0))
+    fits32 = max(checks.max_offset(k_cache), checks.max_offset(v_cache)) < 2**31
     kd = vd = kn = vn = None
     if use_tma:
         kd, vd = (_page_descriptor(c, block_n) for c in (k_cache, v_cache))
@@ -485,6 +505,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=interpreter_bf16(q.dtype, mode), KV_QUANT=mode,
         TILED=tiles is not None, TMA=use_tma, PREFETCH=ahead, NEW_KV=new_kv,
+        SAME_ROWS=k_cache.stride()[:2] == v_cache.stride()[:2],
+        ROWS32=fits32 if rows32 is None else rows32 and fits32,
         num_warps=num_warps or launch.num_warps, num_stages=num_stages or launch.num_stages,
     )
     return out

@@ -51,6 +51,23 @@ def test_prefill_tiles_larger_than_pages_and_odd_head_dim(device):
                max_query_len=30)
 
 
+@pytest.mark.parametrize("rows32", [True, False])
+def test_row_offsets_in_either_width_and_a_v_pool_with_its_own_strides(rows32, device):
+    """Tiles over several pages (the gather path) compute row offsets in int32 where the pools allow
+    and in int64 otherwise, and share K's offsets with V only when their strides agree: the same
+    answer all ways, also with V a strided view whose rows are wider than K's."""
+    _check(kernels, REQS, 4, 4, 2, 16, torch.float32, device, seed=11, block_m=16, block_n=16, rows32=rows32)
+
+    class WideV:    # V stored in rows of 24 with the first 16 used: strides differ from K's
+        def paged_prefill_attention(self, q, k_cache, v_cache, *args, **kw):
+            wide = torch.full((*v_cache.shape[:3], 24), float("nan"), dtype=v_cache.dtype, device=v_cache.device)
+            wide[..., :16] = v_cache
+            assert wide[..., :16].stride()[:2] != k_cache.stride()[:2]
+            return kernels.paged_prefill_attention(q, k_cache, wide[..., :16], *args, **kw)
+
+    _check(WideV(), REQS, 4, 4, 2, 16, torch.float32, device, seed=12, block_m=16, block_n=16, rows32=rows32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hq,hkv", [(4, 2), (2, 2)])
 def test_prefill_tma_tiles(dtype, hq, hkv, device):
