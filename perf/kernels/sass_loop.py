@@ -2,6 +2,7 @@
 
     python -m perf.kernels.sass_loop                          # bf16 / fp8 / int8 pages, bf16 queries, GQA 32/8
     python -m perf.kernels.sass_loop --kv fp8 --q bf16 --block-n 64 --sass out.sass
+    python -m perf.kernels.sass_loop --prefill                # prefill's page-16 prefix loop, offsets by width
 
 Triton compiles for sm_90 with the ptxas its wheel ships (`triton.compile` with a `GPUTarget`);
 triton.tools.disasm turns the cubin into SASS. The loop over K/V tiles is the instructions between
@@ -71,13 +72,57 @@ def decode_cubin(q: str = "bf16", kv: str = "bf16", group: int = 4, heads: int =
     return kernel.asm["cubin"]
 
 
+def prefill_cubin(page_size: int = 16, block_m: int = 128, block_n: int = 128, group: int = 1,
+                  rows32: bool = True, same_rows: bool = True, tma: bool = False, num_warps: int = 8,
+                  num_stages: int = 3, head_dim: int = 128, arch: int = 90) -> bytes:
+    """_prefill_kernel compiled for `arch` over a bf16 pool, with a work list and page ids read a tile
+    ahead, as the engine launches its cached prefix: rows32 and same_rows as the launcher would set
+    them for small pools of equal strides (ROWS32, SAME_ROWS); tma: a tile is one page's slice."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kvshare_kernels import prefill_attention as pa
+
+    fn = pa._prefill_kernel
+    names = fn.arg_names
+    sig = {n: "i32" for n in names}
+    sig.update(Q="*bf16", K="*bf16", V="*bf16", KS="*fp32", VS="*fp32", O="*bf16", PT="*i32", QSL="*i32", CTX="*i32",
+               TILES="*i32", scale_log2="fp32", v_scale="fp32")
+    block_g = triton.next_power_of_2(group)
+    const = dict(GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_m // block_g, BLOCK_M=block_m, BLOCK_N=block_n,
+                 HEAD_DIM=head_dim, BLOCK_D=head_dim, PAGE_SIZE=page_size, PRECISION="tf32", UPCAST=False,
+                 KV_QUANT=0, TILED=True, TMA=tma, PREFETCH=True, NEW_KV=False, SAME_ROWS=same_rows, ROWS32=rows32,
+                 KN=None, VN=None)
+    if tma:
+        sig.update(KD=f"tensordesc<bf16[{block_n},{head_dim}]>", VD=f"tensordesc<bf16[{block_n},{head_dim}]>")
+    else:
+        const.update(KD=None, VD=None)
+    sig.update({k: "constexpr" for k in const})
+    aligned = [n for n in names if sig[n].startswith("*") or (n.startswith("stride_") and n != "stride_st")]
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                            options=dict(num_warps=num_warps, num_stages=num_stages))
+    return kernel.asm["cubin"]
+
+
+def prefill_loop(page_size=16, rows32=True, same_rows=True, tma=False, group=1, block_n=128,
+                 num_warps=8) -> LoopMix:
+    """The prefix loop over whole tiles (no mask): of the kernel's loops, the shortest that issues
+    tensor-core work and loads; per element of the K and V tiles one warp handles."""
+    sass = sass_of(prefill_cubin(page_size, 128, block_n, group, rows32, same_rows, tma, num_warps))
+    mixes = [m for m in loop_mixes(sass, 2 * block_n * 128 // num_warps) if m.opcodes.get("HGMMA")]
+    return min(mixes, key=lambda m: m.instructions)
+
+
 def sass_of(cubin: bytes) -> str:
     from triton.tools.disasm import get_sass
     return get_sass(cubin)
 
 
-def loop_mix(sass: str, elements: int) -> LoopMix:
-    """The instructions between the target of the last backward conditional branch and that branch."""
+def _loops(sass: str) -> list[tuple[int, int]]:
+    """(target line, branch line) of every backward conditional branch."""
     lines = sass.splitlines()
     labels = {line[:-1]: i for i, line in enumerate(lines) if re.fullmatch(r"\.?\w+:", line)}
     loops = []
@@ -87,7 +132,22 @@ def loop_mix(sass: str, elements: int) -> LoopMix:
             loops.append((labels[m.group(1)], i))
     if not loops:
         raise ValueError("sass_loop: no backward branch in this SASS")
-    start, end = max(loops, key=lambda se: se[1] - se[0])
+    return loops
+
+
+def loop_mixes(sass: str, elements: int) -> list[LoopMix]:
+    """Every loop's mix (see loop_mix)."""
+    lines = sass.splitlines()
+    return [_mix(lines, start, end, elements) for start, end in _loops(sass)]
+
+
+def loop_mix(sass: str, elements: int) -> LoopMix:
+    """The instructions between the target of the last backward conditional branch and that branch."""
+    start, end = max(_loops(sass), key=lambda se: se[1] - se[0])
+    return _mix(sass.splitlines(), start, end, elements)
+
+
+def _mix(lines: list[str], start: int, end: int, elements: int) -> LoopMix:
     ops, lds = Counter(), Counter()
     for line in lines[start + 1: end + 1]:
         if "\t" not in line:
@@ -116,11 +176,16 @@ def main(argv=None) -> None:
     ap.add_argument("--block-n", type=int, default=None, help="default: the launcher's for that page layout")
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--num-stages", type=int, default=3)
+    ap.add_argument("--prefill", action="store_true",
+                    help="the prefill kernel's prefix loop at page 16 instead (row offsets int64 / int32, "
+                         "V's own or K's, and a page-128 TMA tile beside them)")
     ap.add_argument("--sass", type=Path, default=None, help="write the last SASS here")
     ap.add_argument("--json", type=Path, default=None, help="each layout's counts")
     a = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("sass_loop: compiles for the GPU; unset TRITON_INTERPRET")
+    if a.prefill:
+        return _prefill_main(a)
     from kvshare_kernels import decode_attention as da
     records = []
     for kv in [a.kv] if a.kv else list(KV_MODES):
@@ -136,6 +201,25 @@ def main(argv=None) -> None:
                             shared_loads=dict(mix.shared_loads), elements=mix.elements))
         if a.sass:
             a.sass.write_text(sass)
+    if a.json:
+        a.json.write_text(json.dumps(records, indent=1))
+
+
+PREFILL_VARIANTS = {"int64 rows, V's own": dict(rows32=False, same_rows=False),
+                    "int64 rows, K's for V": dict(rows32=False, same_rows=True),
+                    "int32 rows, K's for V": dict(rows32=True, same_rows=True),
+                    "page 128, TMA": dict(page_size=128, tma=True)}
+
+
+def _prefill_main(a) -> None:
+    records = []
+    for name, kw in PREFILL_VARIANTS.items():
+        mix = prefill_loop(group=a.group // 4 if a.group >= 4 else 1, **kw)
+        top = ", ".join(f"{k} {v}" for k, v in mix.opcodes.most_common(10))
+        print(f"prefill prefix loop, {name}: {mix.instructions} instructions per warp and 128-key tile; "
+              f"LDGSTS {mix.opcodes['LDGSTS']}, IMAD {mix.opcodes['IMAD']}, LEA {mix.opcodes['LEA']}\n  top: {top}")
+        records.append(dict(variant=name, instructions=mix.instructions, opcodes=dict(mix.opcodes),
+                            elements=mix.elements, **kw))
     if a.json:
         a.json.write_text(json.dumps(records, indent=1))
 
