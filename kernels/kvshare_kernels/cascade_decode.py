@@ -685,6 +685,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         BLOCK_C=s_heads * block_d, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=s_block_n, PAGE_SIZE=page_size, SPLIT=True,
         USE_DOT=True, HEAD_FASTEST=_da.HEAD_FASTEST, PRECISION=precision, UPCAST=upcast, KV_QUANT=mode,
         PAGE_IDS=_da.page_ids_apply(dcfg["page_ids"], page_size, s_block_n),
+        **checks.row_offset_flags(k_cache, v_cache),
         num_warps=dcfg["num_warps"], num_stages=dcfg["num_stages"],
     )
 

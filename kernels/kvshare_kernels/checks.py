@@ -145,3 +145,12 @@ def check_page_list_values(pages: torch.Tensor, num_pages: int, what: str) -> No
 def max_offset(t: torch.Tensor) -> int:
     """The largest element offset a kernel computes into t from its base: sum of (size - 1) x stride."""
     return sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+
+
+def row_offset_flags(k_cache: torch.Tensor, v_cache: torch.Tensor, rows32: bool | None = None) -> dict:
+    """The attention kernels' SAME_ROWS (K and V pools [P, S, Hkv, D] share their strides, so one
+    offset tensor serves both) and ROWS32 (every offset into both fits in int32; rows32 False forces
+    int64, True only where it fits)."""
+    fits = max(max_offset(k_cache), max_offset(v_cache)) < 2**31
+    return dict(SAME_ROWS=k_cache.stride()[:3] == v_cache.stride()[:3],
+                ROWS32=fits if rows32 is None else bool(rows32) and fits)

@@ -53,7 +53,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEADS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr,
     USE_DOT: tl.constexpr, HEAD_FASTEST: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    KV_QUANT: tl.constexpr, PAGE_IDS: tl.constexpr,
+    KV_QUANT: tl.constexpr, PAGE_IDS: tl.constexpr, SAME_ROWS: tl.constexpr, ROWS32: tl.constexpr,
 ):
     # A program serves HEADS consecutive KV heads and their HEADS * GROUP query heads (rows r, padded
     # to BLOCK_R). Its K/V tile is [BLOCK_N tokens, HEADS * BLOCK_D] (columns c: head c // BLOCK_D).
@@ -100,24 +100,28 @@ def _decode_split_kernel(
         n_mask = offs_n < end
         if PAGE_SIZE % BLOCK_N == 0:
             # The tile lies in one page (tiles start at multiples of BLOCK_N): one page-table read.
-            page = tl.load(pt_row + n // PAGE_SIZE).to(tl.int64)
+            page = tl.load(pt_row + n // PAGE_SIZE)
         elif PAGE_IDS:
             # The tile spans whole pages: one id per page, repeated over its tokens, instead of a
             # table read per token (MHA's 32-token tiles over 16-token pages).
             ids = n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
             pages = tl.load(pt_row + ids, mask=ids * PAGE_SIZE < end, other=0)
             page = tl.reshape(tl.broadcast_to(pages[:, None], (BLOCK_N // PAGE_SIZE, PAGE_SIZE)), (BLOCK_N,))
-            page = page.to(tl.int64)
         else:
-            page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+            page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0)
+        if not ROWS32:      # offsets past int32 (the launcher checks the pools)
+            page = page.to(tl.int64)
         in_page = offs_n % PAGE_SIZE
         if BLOCK_D == HEAD_DIM:
             kv_mask = n_mask[:, None]          # row-constant mask keeps the loads 16 bytes wide
         else:
             kv_mask = n_mask[:, None] & c_mask[None, :]
         s_rows = page * stride_sp + in_page * stride_st      # int8's scales of these tokens
-        k = load_kv_tile(K, page * stride_kp + in_page * stride_kt, k_cols, kv_mask, KV_QUANT)
-        v = load_kv_tile(V, page * stride_vp + in_page * stride_vt, v_cols, kv_mask, KV_QUANT)
+        k_rows = page * stride_kp + in_page * stride_kt
+        # SAME_ROWS: K and V pools share their strides (the engine's do), so V's offsets are K's
+        v_rows = k_rows if SAME_ROWS else page * stride_vp + in_page * stride_vt
+        k = load_kv_tile(K, k_rows, k_cols, kv_mask, KV_QUANT)
+        v = load_kv_tile(V, v_rows, k_cols if SAME_ROWS else v_cols, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
             if USE_DOT:
                 k = k.to(q.dtype)
@@ -267,14 +271,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            debug: bool | None = None, block_n: int | None = None, num_warps: int | None = None,
                            num_stages: int | None = None, use_dot: bool | None = None,
                            heads_per_program: int | None = None, head_fastest: bool | None = None,
-                           page_ids: bool | None = None) -> torch.Tensor:
+                           page_ids: bool | None = None, rows32: bool | None = None) -> torch.Tensor:
     """q [B, Hq, D]; page_table int32 [B, max_pages]; context_lens int32 [B] -> out [B, Hq, D].
 
     max_context: an upper bound of context_lens known on the host (default: the page table's
     capacity, max_pages * page_size); it only sizes the split-K heuristic. num_splits overrides the
     heuristic. block_n, num_warps, num_stages, use_dot, heads_per_program (KV heads per program)
     head_fastest (grid order) and page_ids (a tile of several whole pages reads one table entry
-    per page, not per token; default_config's choice) are tuning knobs for tests and benchmarks. k_scale/v_scale: an
+    per page, not per token; default_config's choice) are tuning knobs for tests and benchmarks;
+    rows32 False forces int64 row offsets (None: int32 where every offset into both pools fits). k_scale/v_scale: an
     int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats (default 1.0).
     """
     b, hq, d = q.shape
@@ -329,6 +334,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         PAGE_SIZE=page_size, SPLIT=split, USE_DOT=use_dot, HEAD_FASTEST=head_fastest, PRECISION=precision,
         UPCAST=interpreter_bf16(q.dtype, mode), KV_QUANT=mode,
         PAGE_IDS=page_ids_apply(cfg["page_ids"] if page_ids is None else page_ids, page_size, block_n),
+        **checks.row_offset_flags(k_cache, v_cache, rows32),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     if split:

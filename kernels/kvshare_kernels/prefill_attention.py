@@ -488,7 +488,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     # 389-399 TFLOP/s on the 32k chunk (bench_prefill_ceiling, H100, 2026-12-06)
     ahead = ((use_tma or new_kv) if prefetch_page_ids is None else prefetch_page_ids) and (
         page_size % block_n == 0 or (page_size > 1 and block_n % page_size == 0))
-    fits32 = max(checks.max_offset(k_cache), checks.max_offset(v_cache)) < 2**31
     kd = vd = kn = vn = None
     if use_tma:
         kd, vd = (_page_descriptor(c, block_n) for c in (k_cache, v_cache))
@@ -505,8 +504,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=interpreter_bf16(q.dtype, mode), KV_QUANT=mode,
         TILED=tiles is not None, TMA=use_tma, PREFETCH=ahead, NEW_KV=new_kv,
-        SAME_ROWS=k_cache.stride()[:2] == v_cache.stride()[:2],
-        ROWS32=fits32 if rows32 is None else rows32 and fits32,
+        **checks.row_offset_flags(k_cache, v_cache, rows32),
         num_warps=num_warps or launch.num_warps, num_stages=num_stages or launch.num_stages,
     )
     return out

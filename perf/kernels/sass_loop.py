@@ -44,8 +44,9 @@ class LoopMix:
 
 def decode_cubin(q: str = "bf16", kv: str = "bf16", group: int = 4, heads: int = 1, block_n: int = 64,
                  num_warps: int = 4, num_stages: int = 3, page_size: int = 16, head_dim: int = 128,
-                 arch: int = 90) -> bytes:
-    """_decode_split_kernel compiled for `arch` as paged_decode_attention launches it (split-K, dots)."""
+                 arch: int = 90, same_rows: bool = True, rows32: bool = True) -> bytes:
+    """_decode_split_kernel compiled for `arch` as paged_decode_attention launches it (split-K, dots)
+    over pools of equal strides that int32 offsets address (SAME_ROWS, ROWS32)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -62,7 +63,7 @@ def decode_cubin(q: str = "bf16", kv: str = "bf16", group: int = 4, heads: int =
     const = dict(GROUP=group, HEADS=heads, BLOCK_R=max(16, triton.next_power_of_2(group * heads)),
                  BLOCK_C=heads * head_dim, HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n,
                  PAGE_SIZE=page_size, SPLIT=True, USE_DOT=True, HEAD_FASTEST=True, PRECISION="tf32",
-                 UPCAST=False, KV_QUANT=mode, PAGE_IDS=False)
+                 UPCAST=False, KV_QUANT=mode, PAGE_IDS=False, SAME_ROWS=same_rows, ROWS32=rows32)
     sig.update({k: "constexpr" for k in const})
     aligned = [n for n in names if sig[n].startswith("*") or (n.startswith("stride_") and n != "stride_st")]
     src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()},

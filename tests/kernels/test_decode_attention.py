@@ -125,3 +125,19 @@ def test_decode_tile_over_several_pages(page_ids, hq, hkv, heads, device):
     for splits in (1, 3):
         _check(kernels, case, hq, 16, torch.float32, device, num_splits=splits, block_n=16,
                heads_per_program=heads, page_ids=page_ids)
+
+
+@pytest.mark.parametrize("rows32", [True, False])
+@pytest.mark.parametrize("hq,hkv,heads", [(4, 2, 1), (4, 4, 2)])
+def test_row_offsets_in_either_width_and_a_v_pool_with_its_own_strides(rows32, hq, hkv, heads, device):
+    """Row offsets in int32 (where the pools allow) or int64, and V reading K's offsets only where
+    their strides agree: a V pool stored in wider rows (its strides differ) gives the same answer."""
+    case = make_case(LENS, 4, hkv, 16, torch.float32, device, seed=21 + hkv)
+    _check(kernels, case, hq, 16, torch.float32, device, num_splits=2, block_n=8, heads_per_program=heads,
+           rows32=rows32)
+    wide = torch.full((*case.v_cache.shape[:3], 24), float("nan"), dtype=case.v_cache.dtype, device=device)
+    wide[..., :16] = case.v_cache
+    case.v_cache = wide[..., :16]
+    assert case.v_cache.stride()[:3] != case.k_cache.stride()[:3]
+    _check(kernels, case, hq, 16, torch.float32, device, num_splits=2, block_n=8, heads_per_program=heads,
+           rows32=rows32)
