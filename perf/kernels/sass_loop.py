@@ -9,7 +9,7 @@ triton.tools.disasm turns the cubin into SASS. The loop over K/V tiles is the in
 the target of the last backward branch and that branch. Per tile, each warp runs that loop once over
 block_n tokens x head_dim x heads-per-program elements of K and as many of V: instructions per
 element is the figure that says whether a layout can stream at memory speed (bf16 pages, which do:
-~0.13 per element). What it showed (docs/decisions.md, 2026-12-06): with bf16 queries over fp8
+~0.10-0.14 per element). What it showed (docs/decisions.md, 2026-12-06): with bf16 queries over fp8
 pages each pair of e4m3 values took a native convert plus two quarter-rate scalar F2F converts.
 The GPU machine runs the image's Triton (3.6), not this machine's 3.9: to count its code, unpack its
 wheel (`pip download triton==3.6.0 --no-deps`, then unzip) and put that folder first on PYTHONPATH.
