@@ -42,14 +42,29 @@ class LoopMix:
         return self.instructions / self.elements
 
 
+def _compile(fn, sig: dict, const: dict, arch: int, num_warps: int, num_stages: int) -> bytes:
+    """fn's cubin for `arch` with these argument types and constants; pointers and strides (but the
+    int8 scales' token stride) marked 16-divisible, as the launcher's specialisation makes them."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    sig = {**sig, **{k: "constexpr" for k in const}}
+    aligned = [n for n in names if sig[n].startswith("*") or (n.startswith("stride_") and n != "stride_st")]
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                            options=dict(num_warps=num_warps, num_stages=num_stages))
+    return kernel.asm["cubin"]
+
+
 def decode_cubin(q: str = "bf16", kv: str = "bf16", group: int = 4, heads: int = 1, block_n: int = 64,
                  num_warps: int = 4, num_stages: int = 3, page_size: int = 16, head_dim: int = 128,
                  arch: int = 90, same_rows: bool = True, rows32: bool = True) -> bytes:
     """_decode_split_kernel compiled for `arch` as paged_decode_attention launches it (split-K, dots)
     over pools of equal strides that int32 offsets address (SAME_ROWS, ROWS32)."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from kvshare_kernels import decode_attention as da
 
@@ -64,13 +79,7 @@ def decode_cubin(q: str = "bf16", kv: str = "bf16", group: int = 4, heads: int =
                  BLOCK_C=heads * head_dim, HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n,
                  PAGE_SIZE=page_size, SPLIT=True, USE_DOT=True, HEAD_FASTEST=True, PRECISION="tf32",
                  UPCAST=False, KV_QUANT=mode, PAGE_IDS=False, SAME_ROWS=same_rows, ROWS32=rows32)
-    sig.update({k: "constexpr" for k in const})
-    aligned = [n for n in names if sig[n].startswith("*") or (n.startswith("stride_") and n != "stride_st")]
-    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()},
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                            options=dict(num_warps=num_warps, num_stages=num_stages))
-    return kernel.asm["cubin"]
+    return _compile(fn, sig, const, arch, num_warps, num_stages)
 
 
 def prefill_cubin(page_size: int = 16, block_m: int = 128, block_n: int = 128, group: int = 1,
@@ -80,8 +89,6 @@ def prefill_cubin(page_size: int = 16, block_m: int = 128, block_n: int = 128, g
     ahead, as the engine launches its cached prefix: rows32 and same_rows as the launcher would set
     them for small pools of equal strides (ROWS32, SAME_ROWS); tma: a tile is one page's slice."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from kvshare_kernels import prefill_attention as pa
 
@@ -99,13 +106,7 @@ def prefill_cubin(page_size: int = 16, block_m: int = 128, block_n: int = 128, g
         sig.update(KD=f"tensordesc<bf16[{block_n},{head_dim}]>", VD=f"tensordesc<bf16[{block_n},{head_dim}]>")
     else:
         const.update(KD=None, VD=None)
-    sig.update({k: "constexpr" for k in const})
-    aligned = [n for n in names if sig[n].startswith("*") or (n.startswith("stride_") and n != "stride_st")]
-    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()},
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                            options=dict(num_warps=num_warps, num_stages=num_stages))
-    return kernel.asm["cubin"]
+    return _compile(fn, sig, const, arch, num_warps, num_stages)
 
 
 def prefill_loop(page_size=16, rows32=True, same_rows=True, tma=False, group=1, block_n=128,
@@ -178,7 +179,7 @@ def main(argv=None) -> None:
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--num-stages", type=int, default=3)
     ap.add_argument("--prefill", action="store_true",
-                    help="the prefill kernel's prefix loop at page 16 instead (row offsets int64 / int32, "
+                    help="the prefill kernel's prefix loop at page 16 instead, --group query heads per KV head (row offsets int64 / int32, "
                          "V's own or K's, and a page-128 TMA tile beside them)")
     ap.add_argument("--sass", type=Path, default=None, help="write the last SASS here")
     ap.add_argument("--json", type=Path, default=None, help="each layout's counts")
@@ -215,7 +216,7 @@ PREFILL_VARIANTS = {"int64 rows, V's own": dict(rows32=False, same_rows=False),
 def _prefill_main(a) -> None:
     records = []
     for name, kw in PREFILL_VARIANTS.items():
-        mix = prefill_loop(group=a.group // 4 if a.group >= 4 else 1, **kw)
+        mix = prefill_loop(group=a.group, **kw)
         top = ", ".join(f"{k} {v}" for k, v in mix.opcodes.most_common(10))
         print(f"prefill prefix loop, {name}: {mix.instructions} instructions per warp and 128-key tile; "
               f"LDGSTS {mix.opcodes['LDGSTS']}, IMAD {mix.opcodes['IMAD']}, LEA {mix.opcodes['LEA']}\n  top: {top}")
