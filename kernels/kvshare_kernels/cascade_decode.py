@@ -46,7 +46,7 @@ import triton.language as tl
 from . import checks, kv_quant, reference
 from . import decode_attention as _da
 from .checks import PageTableError, interpreter_bf16
-from .kv_tiles import P_GAIN, dot_query, load_kv_tile, token_scales
+from .kv_tiles import P_GAIN, dot_query, kv_rows, load_kv_tile, page_index, token_scales
 from .kv_write import scale_launch_args
 
 __all__ = ["CascadePlan", "plan_cascade", "cascade_decode_attention", "cascade_decode_reference",
@@ -358,7 +358,8 @@ def _cascade_prefix_kernel(
     stride_ptb,
     MEMBERS: tl.constexpr, GROUP: tl.constexpr, HEADS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_QUANT: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_QUANT: tl.constexpr, SAME_ROWS: tl.constexpr,
+    ROWS32: tl.constexpr,
 ):
     # Program (KV-head block, group, split). Rows r of the Q tile: member r // (HEADS * GROUP) of the
     # group, query head hblk * HEADS * GROUP + r % (HEADS * GROUP). Columns as in the decode kernel:
@@ -402,17 +403,18 @@ def _cascade_prefix_kernel(
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         if PAGE_SIZE % BLOCK_N == 0:
-            page = tl.load(pt_row + n // PAGE_SIZE).to(tl.int64)
+            page = page_index(tl.load(pt_row + n // PAGE_SIZE), ROWS32)
         else:
-            page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+            page = page_index(tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0), ROWS32)
         in_page = offs_n % PAGE_SIZE
         if BLOCK_D == HEAD_DIM:
             kv_mask = n_mask[:, None]
         else:
             kv_mask = n_mask[:, None] & c_mask[None, :]
         s_rows = page * stride_sp + in_page * stride_st      # int8's scales of these tokens
-        k = load_kv_tile(K, page * stride_kp + in_page * stride_kt, k_cols, kv_mask, KV_QUANT)
-        v = load_kv_tile(V, page * stride_vp + in_page * stride_vt, v_cols, kv_mask, KV_QUANT)
+        k_rows, v_rows = kv_rows(page, in_page, stride_kp, stride_kt, stride_vp, stride_vt, SAME_ROWS)
+        k = load_kv_tile(K, k_rows, k_cols, kv_mask, KV_QUANT)
+        v = load_kv_tile(V, v_rows, k_cols if SAME_ROWS else v_cols, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers
             k = k.to(q.dtype)
             v = v.to(q.dtype)
@@ -667,7 +669,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
             MEMBERS=plan.max_members, GROUP=group, HEADS=heads, BLOCK_R=block_r, BLOCK_C=heads * block_d,
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=p_block_n, PAGE_SIZE=page_size, PRECISION=precision, UPCAST=upcast,
-            KV_QUANT=mode,
+            KV_QUANT=mode, **checks.row_offset_flags(k_cache, v_cache),
             num_warps=num_warps or (8 if block_r >= 128 else pcfg["num_warps"]),
             num_stages=num_stages or pcfg["num_stages"],
         )

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from . import checks, kv_quant
 from .checks import interpreter_bf16
-from .kv_tiles import P_GAIN, dot_query, load_kv_tile, token_scales
+from .kv_tiles import P_GAIN, dot_query, kv_rows, load_kv_tile, page_index, token_scales
 from .kv_write import scale_launch_args
 
 LOG2E = 1.4426950408889634
@@ -109,17 +109,14 @@ def _decode_split_kernel(
             page = tl.reshape(tl.broadcast_to(pages[:, None], (BLOCK_N // PAGE_SIZE, PAGE_SIZE)), (BLOCK_N,))
         else:
             page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0)
-        if not ROWS32:      # offsets past int32 (the launcher checks the pools)
-            page = page.to(tl.int64)
+        page = page_index(page, ROWS32)
         in_page = offs_n % PAGE_SIZE
         if BLOCK_D == HEAD_DIM:
             kv_mask = n_mask[:, None]          # row-constant mask keeps the loads 16 bytes wide
         else:
             kv_mask = n_mask[:, None] & c_mask[None, :]
         s_rows = page * stride_sp + in_page * stride_st      # int8's scales of these tokens
-        k_rows = page * stride_kp + in_page * stride_kt
-        # SAME_ROWS: K and V pools share their strides (the engine's do), so V's offsets are K's
-        v_rows = k_rows if SAME_ROWS else page * stride_vp + in_page * stride_vt
+        k_rows, v_rows = kv_rows(page, in_page, stride_kp, stride_kt, stride_vp, stride_vt, SAME_ROWS)
         k = load_kv_tile(K, k_rows, k_cols, kv_mask, KV_QUANT)
         v = load_kv_tile(V, v_rows, k_cols if SAME_ROWS else v_cols, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers

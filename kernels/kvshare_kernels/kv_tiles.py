@@ -20,6 +20,28 @@ P_GAIN = tl.constexpr(128.0)
 
 
 @triton.jit
+def page_index(page, ROWS32: tl.constexpr):
+    """A page id as a tile's row offsets are computed from it. ROWS32 (checks.row_offset_flags):
+    every offset into the pools fits in int32, so page x stride stays 32-bit instead of the 64-bit
+    multiplies and adds of int64 offsets (fewer instructions per tile: docs/kernels.md)."""
+    if not ROWS32:
+        page = page.to(tl.int64)
+    return page
+
+
+@triton.jit
+def kv_rows(page, slot, stride_kp, stride_kt, stride_vp, stride_vt, SAME_ROWS: tl.constexpr):
+    """Row offsets of tokens (page, slot) in the K and V pools. SAME_ROWS: the pools share their
+    strides (the engine's do), so V reads K's offsets from its own base: one computation, not two."""
+    k_rows = page * stride_kp + slot * stride_kt
+    if SAME_ROWS:
+        v_rows = k_rows
+    else:
+        v_rows = page * stride_vp + slot * stride_vt
+    return k_rows, v_rows
+
+
+@triton.jit
 def load_kv_tile(C, rows, cols, mask, KV_QUANT: tl.constexpr):
     """Tile [N, BLOCK_C] of a cache at C + rows[:, None] + cols[None, :], as stored (fp8 bits bitcast to
     e4m3). No scale is applied here: the caller converts the tile to the dot's dtype (int8 exactly, fp8

@@ -38,24 +38,12 @@ import triton.language as tl
 
 from . import checks, kv_quant
 from .checks import interpreter_bf16
-from .kv_tiles import P_GAIN, dot_query, load_kv_tile, token_scales
+from .kv_tiles import P_GAIN, dot_query, kv_rows, load_kv_tile, page_index, token_scales
 from .kv_write import scale_launch_args
 from .prefill_tiles import BLOCK_M, IDLE, tokens_per_tile
 
 LOG2E = 1.4426950408889634
 IDLE_TILE: tl.constexpr = tl.constexpr(IDLE)
-
-
-@triton.jit
-def _row_index(page, ROWS32: tl.constexpr):
-    # A page id as the tile's row offsets are computed from it. ROWS32: every offset into the pools
-    # fits in int32 (the launcher checks), so page x stride stays 32-bit. Compiled for sm_90 by
-    # Triton 3.6, the page-16 gather loop (128 x 128 tiles) takes 562 instructions a warp and tile
-    # with this and SAME_ROWS against 635 without either (627 with SAME_ROWS alone); a TMA tile's
-    # loop takes 493.
-    if not ROWS32:
-        page = page.to(tl.int64)
-    return page
 
 
 @triton.jit
@@ -98,7 +86,7 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
     # one page's slice or whole pages).
     if PREFETCH:
         if PAGE_SIZE % BLOCK_N == 0:
-            page_next = _row_index(tl.load(pt_row + start // PAGE_SIZE, mask=start < end, other=0), ROWS32)
+            page_next = page_index(tl.load(pt_row + start // PAGE_SIZE, mask=start < end, other=0), ROWS32)
         else:
             ids_next = start // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
             pages_next = tl.load(pt_row + ids_next, mask=ids_next * PAGE_SIZE < end, other=0)
@@ -108,10 +96,10 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
         if PAGE_SIZE % BLOCK_N == 0:
             if PREFETCH:
                 page = page_next
-                page_next = _row_index(tl.load(pt_row + (n + BLOCK_N) // PAGE_SIZE, mask=n + BLOCK_N < end,
+                page_next = page_index(tl.load(pt_row + (n + BLOCK_N) // PAGE_SIZE, mask=n + BLOCK_N < end,
                                                other=0), ROWS32)
             else:
-                page = _row_index(tl.load(pt_row + n // PAGE_SIZE), ROWS32)
+                page = page_index(tl.load(pt_row + n // PAGE_SIZE), ROWS32)
             in_page = n % PAGE_SIZE + r
         elif PAGE_SIZE > 1 and BLOCK_N % PAGE_SIZE == 0:
             # One id per page of the tile, repeated over its tokens, instead of a gather per token.
@@ -127,13 +115,13 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             else:
                 pages = tl.load(pt_row + ids)
             page = tl.reshape(tl.broadcast_to(pages[:, None], (BLOCK_N // PAGE_SIZE, PAGE_SIZE)), (BLOCK_N,))
-            page = _row_index(page, ROWS32)
+            page = page_index(page, ROWS32)
             in_page = r % PAGE_SIZE
         else:
             if CAUSAL:
-                page = _row_index(tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0), ROWS32)
+                page = page_index(tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0), ROWS32)
             else:
-                page = _row_index(tl.load(pt_row + offs_n // PAGE_SIZE), ROWS32)
+                page = page_index(tl.load(pt_row + offs_n // PAGE_SIZE), ROWS32)
             in_page = offs_n % PAGE_SIZE
         if CAUSAL:
             if BLOCK_D == HEAD_DIM:
@@ -156,10 +144,7 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             if CAUSAL:
                 v = tl.where(n_mask[:, None], v, 0.0)
         else:
-            k_rows = page * stride_kp + in_page * stride_kt
-            # SAME_ROWS: K and V pools share their strides (the engine's always do), so V's rows
-            # are K's offsets from its own base: one address computation per tile, not two
-            v_rows = k_rows if SAME_ROWS else page * stride_vp + in_page * stride_vt
+            k_rows, v_rows = kv_rows(page, in_page, stride_kp, stride_kt, stride_vp, stride_vt, SAME_ROWS)
             k = _load_tile(k_head, k_rows, d, kv_mask, KV_QUANT)
             v = _load_tile(v_head, v_rows, d, kv_mask, KV_QUANT)
         if UPCAST or KV_QUANT != 0:     # the interpreter's tl.dot multiplies bf16 as raw integers

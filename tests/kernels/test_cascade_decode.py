@@ -156,6 +156,20 @@ def test_cascade_mixed_fp32(page_size, hq, hkv, device):
     assert shared[1] == 4 * page_size and shared[2] <= 3 * page_size
 
 
+@pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 2)], ids=["mha", "gqa2"])
+def test_cascade_v_pool_with_its_own_strides(hq, hkv, device):
+    """Both sides read V through its own offsets when its strides differ from K's (a V pool stored
+    in wider rows), instead of K's (checks.row_offset_flags): the same answers."""
+    prefixes, rows = mixed_scenario(4)
+    case = make_tree_case(prefixes, rows, 4, hkv, 16, torch.float32, device, seed=40 + hq)
+    wide = torch.full((*case.v_cache.shape[:3], 24), float("nan"), dtype=case.v_cache.dtype, device=device)
+    wide[..., :16] = case.v_cache
+    case.v_cache = wide[..., :16]
+    assert case.v_cache.stride()[:3] != case.k_cache.stride()[:3]
+    plan, _, _ = _run(case, hq, 16, torch.float32, device, block_n=16)
+    assert plan.num_groups >= 2
+
+
 @pytest.mark.parametrize("variant", [
     dict(prefix_splits=3, num_splits=2),                   # split both sides, some prefix splits empty
     dict(prefix_splits=1, num_splits=1, block_n=32),
