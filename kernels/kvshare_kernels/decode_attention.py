@@ -276,8 +276,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     heuristic. block_n, num_warps, num_stages, use_dot, heads_per_program (KV heads per program)
     head_fastest (grid order) and page_ids (a tile of several whole pages reads one table entry
     per page, not per token; default_config's choice) are tuning knobs for tests and benchmarks;
-    rows32 False forces int64 row offsets (None: int32 where every offset into both pools fits). k_scale/v_scale: an
-    int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats (default 1.0).
+    rows32 False forces int64 row offsets (None: int32 where every offset into both pools fits).
+    k_scale/v_scale: an int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats
+    (default 1.0).
     """
     b, hq, d = q.shape
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, b, "context_lens")
