@@ -419,7 +419,8 @@ SUITES: tuple[Suite, ...] = (
                    "--kv-cache-dtype", "auto,fp8_e4m3"),
            offline("shared-prefix", 240, "--workloads", "shared-prefix:256:", *SHARED, "--kv-gb", "36",
                    "--admission-delay", "0", *KV_DTYPES)),
-          minutes=6, note="not run on a GPU yet: minutes estimated from the engine, kernels and cascade suites"),
+          minutes=6, note="on an H100 (2026-12-06): tests 78 s, decode 32 s, fixed-256 45 s, fixed-256-bf16 30 s; "
+                          "accuracy and shared-prefix not timed there"),
 )
 
 # Data parallel (engine/data_parallel.py) and tensor parallel (runtime/tensor_parallel.py) on 2 GPUs.
