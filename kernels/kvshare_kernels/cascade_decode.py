@@ -614,6 +614,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     block_d = triton.next_power_of_2(d)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     upcast = interpreter_bf16(q.dtype, mode)
+    offsets = checks.row_offset_flags(k_cache, v_cache)     # both kernels read the pools alike
     row_shared = plan.row_shared_len
     num_cols = page_table.shape[1]
 
@@ -669,7 +670,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
             MEMBERS=plan.max_members, GROUP=group, HEADS=heads, BLOCK_R=block_r, BLOCK_C=heads * block_d,
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=p_block_n, PAGE_SIZE=page_size, PRECISION=precision, UPCAST=upcast,
-            KV_QUANT=mode, **checks.row_offset_flags(k_cache, v_cache),
+            KV_QUANT=mode, **offsets,
             num_warps=num_warps or (8 if block_r >= 128 else pcfg["num_warps"]),
             num_stages=num_stages or pcfg["num_stages"],
         )
@@ -687,7 +688,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         BLOCK_C=s_heads * block_d, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=s_block_n, PAGE_SIZE=page_size, SPLIT=True,
         USE_DOT=True, HEAD_FASTEST=_da.HEAD_FASTEST, PRECISION=precision, UPCAST=upcast, KV_QUANT=mode,
         PAGE_IDS=_da.page_ids_apply(dcfg["page_ids"], page_size, s_block_n),
-        **checks.row_offset_flags(k_cache, v_cache),
+        **offsets,
         num_warps=dcfg["num_warps"], num_stages=dcfg["num_stages"],
     )
 

@@ -7,8 +7,9 @@ page tables and lengths, one process, one GPU.
 
 Decode: K+V bytes read over the median time of a CUDA-graph replay (L2 flushed), TB/s. Prefill
 (queries are each request's last tokens, bottom-right causal): causal FLOPs over the median time of
-a graph replay too (and kvshare's launch eagerly, beside it), TFLOP/s. Both sides read a shuffled bf16 pool, head_dim 128; each case also compares the two
-outputs (max |difference|), so both compute the same attention. Heads: Llama-3-8B (32/8) and
+a graph replay too (and kvshare's launch eagerly, beside it), TFLOP/s. Both sides read a shuffled
+bf16 pool, head_dim 128; each case also compares the two outputs (max |difference|), so both
+compute the same attention. Heads: Llama-3-8B (32/8) and
 Llama-2-7B (32/32); the 32k rows are the seed-long-32k row's chunks (2,048 new tokens after 30k).
 """
 from __future__ import annotations

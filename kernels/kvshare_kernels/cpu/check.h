@@ -1,10 +1,10 @@
-// Argument checks whose failure reaches Python as a RuntimeError naming the field, on any torch.
+// Argument checks whose failure reaches Python as a RuntimeError naming the field.
 //
-// TORCH_CHECK with values formats a std::string in this library and hands it to libc10. On the GPU
-// image's torch 2.11 that hand-over segfaulted (every check with values; those with a literal message
-// raised as they should), so a bad argument killed the process instead of reaching the caller. Here
-// the message is formatted with snprintf and crosses into libc10 as a const char*, the path the
-// literal messages take.
+// On the GPU image's torch 2.11 every TORCH_CHECK whose message carried values segfaulted instead of
+// raising; those with a literal message raised. What differs between the two is that values make
+// TORCH_CHECK format a std::string in this library and hand it to libc10. Here the message is
+// formatted with snprintf and crosses into libc10 as a const char*, the path the literal messages
+// take. Whether that was the whole cause is for the GPU image's next kernel-test run to show.
 #pragma once
 
 #include <c10/util/Exception.h>
