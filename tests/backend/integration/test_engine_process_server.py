@@ -111,7 +111,8 @@ def test_a_killed_engine_process_ends_its_requests_with_an_error_and_a_reload_se
             client.generate(GenerationRequest(input_ids=[5, 6, 7], max_tokens=4), model="llm_engine")
         assert _repository(server.addr, "llm_engine", "unload") == 200
         assert _repository(server.addr, "llm_engine", "load") == 200
-        done = client.generate(GenerationRequest(input_ids=[5, 6, 7], max_tokens=4), model="llm_engine")
+        done = client.generate(GenerationRequest(input_ids=[5, 6, 7], max_tokens=4, ignore_eos=True),
+                               model="llm_engine")
     assert done.finish_reason == "length" and len(done.token_ids) == 4
     assert len(engine_pids(server.log())) == 2 and not alive(pid)
 

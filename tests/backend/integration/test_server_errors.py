@@ -164,7 +164,7 @@ def test_overload_is_refused_with_a_clear_error_and_the_server_recovers(triton_s
         deadline = time.monotonic() + 10
         while True:
             try:
-                done = client.generate(GenerationRequest(input_ids=ids, max_tokens=4))
+                done = client.generate(GenerationRequest(input_ids=ids, max_tokens=4, ignore_eos=True))
                 break
             except ServerError:
                 if time.monotonic() > deadline:

@@ -108,7 +108,8 @@ def test_an_unload_under_load_ends_every_request_with_a_final_and_a_load_serves_
         assert launch.wait_for_stub_death(srv.proc, [stub], poll_s=0.1) == stub
         assert _repository(srv.addr, "llm_engine", "load") == 200
         with KvshareClient(srv.addr.grpc_url, stream_timeout=60) as client:
-            done = client.generate(GenerationRequest(input_ids=[5, 6, 7], max_tokens=4), model="llm_engine")
+            done = client.generate(GenerationRequest(input_ids=[5, 6, 7], max_tokens=4, ignore_eos=True),
+                                   model="llm_engine")
         assert done.finish_reason == "length" and len(done.token_ids) == 4
         assert "ending the 3 requests in flight" in srv.log()
 
