@@ -250,7 +250,12 @@ SUITES: tuple[Suite, ...] = (
            # fixed-256's decode contexts (129-256 tokens): the defaults against other tiles
            Stage("decode-short", (PY, "perf/kernels/bench_decode_attention.py", "--short", "--json",
                                   "{out}/decode-short.json", "--md", "{out}/decode-short.md"), 150,
-                 ("decode-short.json", "decode-short.md"))),
+                 ("decode-short.json", "decode-short.md")),
+           # page-16 prefill: the Triton launches, the Gluon kernel that copies a tile page by page,
+           # the TMA tiles of larger pages and the dense ceiling (FA3 only with vLLM: peer-serving's stage)
+           Stage("prefill-ceiling", (PY, "perf/kernels/bench_prefill_ceiling.py", "--json",
+                                     "{out}/prefill-ceiling.json", "--md", "{out}/prefill-ceiling.md"), 400,
+                 ("prefill-ceiling.json", "prefill-ceiling.md"), needs=("tests",))),
           minutes=2),
     Suite("engine",
           "offline tok/s and TTFT, Llama-2-7B shape fp16, vs HF generate / generate_batch on the same requests: "

@@ -12,6 +12,8 @@ TFLOP/s), one process:
 * the engine's launch at page 16: each chunk's own keys from the step's K/V (views of a fused
   projection, TMA bulk copies), only the cached prefix through the page table, at several tiles,
   the prefix's page ids read a tile ahead (the default) and per tile;
+* the same contract at page 16 with each 128-key prefix tile assembled in shared memory from one TMA
+  copy per page (prefill_pages_tma.py, Gluon; not in the dry run: the interpreter cannot run Gluon);
 * the same kernel on page-64 and page-128 pools, with per-thread loads, with TMA bulk copies (a
   tile is one page's slice, so one descriptor load fetches it), with TMA and each tile's page id
   read one iteration ahead, and (the largest tile) with that and the step's K/V;
@@ -212,6 +214,14 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
                                                           k_new=k_new, v_new=v_new, prefetch_page_ids=ahead)
             t = _time(run)
             rec["new_kv"][f"{bm}x{bn} w{w} s{s}{'' if ahead else ' per tile'}"] = dict(s=t, diff=diff() if t else None)
+    if not bc.DRY_RUN:       # Gluon compiles for the GPU only: the interpreter cannot run it
+        from kvshare_kernels import prefill_pages_tma as ppt
+
+        if ppt.applies(k16, q):
+            tlg = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, ppt.BLOCK_M)
+            t = _time(lambda: ppt.paged_prefill_pages_tma(q, k16, v16, pt16, qsl, lens, scale, k_new, v_new, out,
+                                                          tiles=tlg))
+            rec["pages_tma"] = dict(s=t, diff=diff() if t else None)
     if flash is not None:
         rec["fa3_s"] = _time(lambda: flash(q, k16, v16, q_len, qsl, ctx, seqused_k=lens, softmax_scale=scale,
                                            causal=True, block_table=pt16, out=out, fa_version=3))
@@ -290,7 +300,9 @@ def main(argv=None):
             p16 = _best(r["paged16"])
             step = _best(r["new_kv"])
             engine = r["new_kv"].get("x".join(map(str, NEW_KV[0][:2])) + f" w{NEW_KV[0][2]} s{NEW_KV[0][3]}", {})
-            cells = [_tf(r, r["paged16_s"]), _tf(r, p16[1].get("s")), _tf(r, engine.get("s")), _tf(r, step[1].get("s"))]
+            gluon = _tf(r, r.get("pages_tma", {}).get("s"))
+            cells = [_tf(r, r["paged16_s"]), _tf(r, p16[1].get("s")), _tf(r, engine.get("s")), _tf(r, step[1].get("s")),
+                     gluon]
             best_tma = [p16[0], step[0]]
             for page, d in r["paged"].items():
                 thread, tma = (_best({k: v for k, v in d.items() if ("tma" in k) == t}) for t in (False, True))
@@ -299,11 +311,12 @@ def main(argv=None):
             cells += [_tf(r, dense[1].get("s")), _tf(r, dense_ws[1].get("s")), _tf(r, r.get("sdpa_s")), fa]
             row = [f"{hq}/{hkv}", name] + ["-" if c is None else f"{c:.0f}" for c in cells]
             # against FA3: the engine's launch, each page size's best TMA launch, the dense kernels
-            row += ["-" if not (fa and c) else f"{c / fa:.2f}" for c in (*cells[:4], *cells[5:-4:2], *cells[-4:-2])]
+            row += ["-" if not (fa and c) else f"{c / fa:.2f}" for c in (*cells[:5], *cells[6:-4:2], *cells[-4:-2])]
             row += [" / ".join(str(x) for x in (*best_tma, dense[0], dense_ws[0]))]
             rows.append(row)
             print("  " + " | ".join(row), flush=True)
-            sections = ([("paged p16", r["paged16"]), ("p16 step K/V", r["new_kv"])]
+            sections = ([("paged p16", r["paged16"]), ("p16 step K/V", r["new_kv"]),
+                         ("p16 a copy per page (Gluon)", {"128x128 w8 s2": r["pages_tma"]} if "pages_tma" in r else {})]
                         + [(f"paged p{page}", d) for page, d in r["paged"].items()]
                         + [("dense", r["dense"])])
             for label, d in sections:
@@ -314,13 +327,14 @@ def main(argv=None):
     bc.print_table("paged prefill against its ceilings, bf16, head_dim 128, causal FLOPs (TFLOP/s): kvshare page 16 "
                    "with every key read from the pool (the launch before) and its best tile (ids read ahead or not); "
                    "page 16 with the chunk's keys from the step's K/V, the engine's launch (128 x 128) and the best "
-                   "tile; larger pages with per-thread loads and with TMA (best config each, step K/V included); the "
+                   "tile; page 16 with each prefix tile assembled from one bulk copy per page (Gluon, "
+                   "prefill_pages_tma.py); larger pages with per-thread loads and with TMA (best config each, step K/V included); the "
                    "dense TMA kernel on contiguous K/V (best config, without and with warp specialisation); torch "
                    "SDPA (cuDNN, prompts); vLLM's FA3 on page 16",
-                   ["heads", "case", "p16 pool", "p16 pool best", "p16 step K/V", "p16 step K/V best"]
+                   ["heads", "case", "p16 pool", "p16 pool best", "p16 step K/V", "p16 step K/V best", "p16 Gluon"]
                    + [f"p{p}{t}" for p in pages for t in ("", " TMA")]
                    + ["dense TMA", "dense WS", "SDPA", "FA3", "p16 pool / FA3", "p16 pool best / FA3",
-                      "p16 step K/V / FA3", "p16 step K/V best / FA3"]
+                      "p16 step K/V / FA3", "p16 step K/V best / FA3", "p16 Gluon / FA3"]
                    + [f"p{p} TMA / FA3" for p in pages]
                    + ["dense / FA3", "dense WS / FA3", "best configs (" + " / ".join(
                        ["p16 pool best", "p16 step K/V best"] + [f"p{p} TMA" for p in pages] + ["dense", "dense WS"])

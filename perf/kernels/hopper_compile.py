@@ -162,6 +162,25 @@ def _prefill(pool: str, shape: str, page: int, new_kv: bool, tiles: bool) -> Non
                             **kw)
 
 
+def _prefill_pages_tma(pool: str, shape: str, page: int, tiles: bool) -> None:
+    """The Gluon kernel that copies a prefix tile page by page (prefill_pages_tma.py)."""
+    from kvshare_kernels.prefill_pages_tma import BLOCK_M, paged_prefill_pages_tma
+    from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
+
+    hq, hkv = SHAPES[shape]
+    q_lens, ctx_lens = [512, 300, 1], [2560, 300, 4097]
+    t = sum(q_lens)
+    per = -(-max(ctx_lens) // page)
+    k, v, _ = _pool(pool, len(q_lens) * per, page, hkv)
+    q = torch.zeros(t, hq, HEAD_DIM, dtype=k.dtype)
+    step_k, step_v = torch.zeros(t, hkv, HEAD_DIM, dtype=k.dtype), torch.zeros(t, hkv, HEAD_DIM, dtype=k.dtype)
+    work = None
+    if tiles:
+        work = torch.from_numpy(plan_tiles(q_lens, ctx_lens, tokens_per_tile(hq, hkv, BLOCK_M), capacity=64))
+    paged_prefill_pages_tma(q, k, v, _table(len(q_lens), per), torch.tensor([0, 512, 812, 813], dtype=torch.int32),
+                            torch.tensor(ctx_lens, dtype=torch.int32), 0.088, step_k, step_v, tiles=work)
+
+
 def _write(pool: str, shape: str, page: int, fused_rotary: bool) -> None:
     from kvshare_kernels.fused_rotary import rotary_write_kv
     from kvshare_kernels.kernels import write_kv
@@ -214,8 +233,9 @@ def cases() -> dict[str, Callable[[], None]]:
         for shape in SHAPES:
             for page in (16, 64):
                 # a small batch takes split-K, a large one a program per request and head group
-                out[f"decode {pool} {shape} page {page} 8x2k"] = lambda p=pool, s=shape, g=page: _decode(p, s, g, 8, 2048)
-                out[f"decode {pool} {shape} page {page} 256x256"] = lambda p=pool, s=shape, g=page: _decode(p, s, g, 256, 256)
+                for batch, context in ((8, 2048), (256, 256)):
+                    out[f"decode {pool} {shape} page {page} {batch}x{context}"] = (
+                        lambda p=pool, s=shape, g=page, n=batch, c=context: _decode(p, s, g, n, c))
             out[f"cascade {pool} {shape} page 16"] = lambda p=pool, s=shape: _cascade(p, s, 16)
             out[f"prefill {pool} {shape} page 16"] = lambda p=pool, s=shape: _prefill(p, s, 16, False, True)
             out[f"write_kv {pool} {shape}"] = lambda p=pool, s=shape: _write(p, s, 16, False)
@@ -230,6 +250,10 @@ def cases() -> dict[str, Callable[[], None]]:
                 for page in (64, 128):
                     out[f"prefill {pool} {shape} page {page} TMA, work list"] = (
                         lambda p=pool, s=shape, g=page: _prefill(p, s, g, False, True))
+                out[f"prefill {pool} {shape} page 16, a copy per page (Gluon), work list"] = (
+                    lambda p=pool, s=shape: _prefill_pages_tma(p, s, 16, True))
+                out[f"prefill {pool} {shape} page 64, a copy per page (Gluon), grid"] = (
+                    lambda p=pool, s=shape: _prefill_pages_tma(p, s, 64, False))
     out["rms_norm, silu_and_mul, rotary_embedding"] = _elementwise
     out["copy_pages, copy_page_tensors"] = _copies
     return out
@@ -282,9 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     compiled, failed = compile_all(args.only, args.arch)
     print(f"Triton {triton.__version__}, torch {torch.__version__}, target sm_{args.arch}; shared memory limit "
           f"{H100_SHARED_BYTES} bytes")
-    print(f"{'case':<52} {'kernel':<28} {'warps':>5} {'stages':>6} {'shared':>8}")
+    print(f"{'case':<64} {'kernel':<28} {'warps':>5} {'stages':>6} {'shared':>8}")
     for c in compiled:
-        print(f"{c.case:<52} {c.kernel:<28} {c.num_warps:>5} {c.num_stages:>6} {c.shared_bytes:>8}")
+        print(f"{c.case:<64} {c.kernel:<28} {c.num_warps:>5} {c.num_stages:>6} {c.shared_bytes:>8}")
     for name, err in failed.items():
         print(f"FAILED {name}: {err}")
     print(f"{len(compiled)} kernels compiled, {len(failed)} cases failed")

@@ -70,6 +70,27 @@ def make_case(lens: list[int], page_size: int, hkv: int, d: int, dtype: torch.dt
                      [x.to(device) for x in dense_k], [x.to(device) for x in dense_v], page_size)
 
 
+def make_new_kv_case(reqs, page_size, hq, hkv, d, dtype, device, seed):
+    """A case whose chunk slots in the pool are NaN, with the chunk's K/V given instead as strided
+    views of a fused-projection-like buffer [T + 3 padding rows of NaN, (hq + 2 hkv) * d]."""
+    case = make_case([n for n, _ in reqs], page_size, hkv, d, dtype, device, seed=seed, share=False)
+    q_lens = [m for _, m in reqs]
+    t = sum(q_lens)
+    qkv = torch.full((t + 3, (hq + 2 * hkv) * d), float("nan"), dtype=dtype, device=device)
+    k_new = qkv[:, hq * d:(hq + hkv) * d].view(-1, hkv, d)
+    v_new = qkv[:, (hq + hkv) * d:].view(-1, hkv, d)
+    s = 0
+    for i, (n, m) in enumerate(reqs):
+        k_new[s:s + m] = case.dense_k[i][n - m:n].to(dtype)
+        v_new[s:s + m] = case.dense_v[i][n - m:n].to(dtype)
+        for pos in range(n - m, n):         # the pool no longer holds the chunk: only k_new/v_new do
+            page = int(case.page_table[i, pos // page_size])
+            case.k_cache[page, pos % page_size] = float("nan")
+            case.v_cache[page, pos % page_size] = float("nan")
+        s += m
+    return case, k_new[:t], v_new[:t]
+
+
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q [M, Hq, D] the last M tokens of a sequence whose K/V are k, v [N, Hkv, D]; causal; float64."""
     m, hq, _ = q.shape

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kvshare_kernels import kernels, reference
-from paged_cases import TOL, dense_attention, make_case, rel_err
+from paged_cases import TOL, dense_attention, make_case, make_new_kv_case, rel_err
 
 # (context_len, q_len): whole prompt, prefix + chunk, one token (decode-like), nothing new, long chunk
 REQS = [(20, 20), (37, 5), (16, 1), (9, 0), (45, 30)]
@@ -213,27 +213,6 @@ def _assert_dense(out, q, case, reqs, qsl, d, dtype):
             assert rel_err(out[s:s + m], ref) < TOL[dtype], f"request {i} (ctx {n}, q_len {m})"
 
 
-def _new_kv_case(reqs, page_size, hq, hkv, d, dtype, device, seed):
-    """A case whose chunk slots in the pool are NaN, with the chunk's K/V given instead as strided
-    views of a fused-projection-like buffer [T + 3 padding rows of NaN, (hq + 2 hkv) * d]."""
-    case = make_case([n for n, _ in reqs], page_size, hkv, d, dtype, device, seed=seed, share=False)
-    q_lens = [m for _, m in reqs]
-    t = sum(q_lens)
-    qkv = torch.full((t + 3, (hq + 2 * hkv) * d), float("nan"), dtype=dtype, device=device)
-    k_new = qkv[:, hq * d:(hq + hkv) * d].view(-1, hkv, d)
-    v_new = qkv[:, (hq + hkv) * d:].view(-1, hkv, d)
-    s = 0
-    for i, (n, m) in enumerate(reqs):
-        k_new[s:s + m] = case.dense_k[i][n - m:n].to(dtype)
-        v_new[s:s + m] = case.dense_v[i][n - m:n].to(dtype)
-        for pos in range(n - m, n):         # the pool no longer holds the chunk: only k_new/v_new do
-            page = int(case.page_table[i, pos // page_size])
-            case.k_cache[page, pos % page_size] = float("nan")
-            case.v_cache[page, pos % page_size] = float("nan")
-        s += m
-    return case, k_new[:t], v_new[:t]
-
-
 @pytest.mark.parametrize("page_size,block_n,tma", [(4, 16, False), (16, 16, False), (16, 32, False), (32, 16, True)],
                          ids=["page4", "page16", "page16-wide-tile", "page32-tma"])
 @pytest.mark.parametrize("hq,hkv", [(4, 2), (2, 2), (6, 2)])     # 6/2: a group of 3 padded to 4 rows (SmolLM2's)
@@ -242,7 +221,7 @@ def test_prefill_reads_the_chunk_from_the_steps_kv(page_size, block_n, tma, hq, 
     here) and only the cached prefix through the page table, prefixes ending mid-tile included."""
     reqs = [(20, 20), (37, 5), (16, 1), (9, 0), (45, 30), (70, 41)]
     d, dtype = 16, torch.bfloat16
-    case, k_new, v_new = _new_kv_case(reqs, page_size, hq, hkv, d, dtype, device, seed=40 + page_size + hq)
+    case, k_new, v_new = make_new_kv_case(reqs, page_size, hq, hkv, d, dtype, device, seed=40 + page_size + hq)
     q_lens = [m for _, m in reqs]
     qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
     q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
@@ -262,7 +241,7 @@ def test_prefill_new_kv_default_launch_and_work_list(device):
     hq, hkv, d, dtype = 4, 2, 16, torch.bfloat16
     launch = default_launch(16, dtype, d, torch.device(device), new_kv=True)
     assert launch == NEW_KV_LAUNCH
-    case, k_new, v_new = _new_kv_case(reqs, 16, hq, hkv, d, dtype, device, seed=77)
+    case, k_new, v_new = make_new_kv_case(reqs, 16, hq, hkv, d, dtype, device, seed=77)
     q_lens = [m for _, m in reqs]
     qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
     q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(4), dtype=torch.float64)

@@ -22,7 +22,8 @@ def test_every_launch_compiles_for_hopper_within_its_shared_memory(tmp_path):
     kernels = {c["kernel"] for c in report["compiled"]}
     assert kernels >= {"_decode_split_kernel", "_decode_merge_kernel", "_cascade_prefix_kernel",
                        "_cascade_merge_kernel", "_suffix_table_kernel", "_prefill_kernel", "_write_kv_kernel",
-                       "_rotary_kernel", "_rms_norm_kernel", "_silu_and_mul_kernel", "_copy_pages_kernel"}, kernels
+                       "_rotary_kernel", "_rms_norm_kernel", "_silu_and_mul_kernel", "_copy_pages_kernel",
+                       "_prefill_pages_tma_kernel"}, kernels
     assert all(0 <= c["shared_bytes"] <= 232448 for c in report["compiled"])
     # the engine's 16-bit prefill on Hopper (the chunk's keys from the step) is one of them
     assert any(c["kernel"] == "_prefill_kernel" and "step K/V" in c["case"] and c["num_warps"] == 8

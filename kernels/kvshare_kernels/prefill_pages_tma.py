@@ -1,0 +1,256 @@
+"""Paged prefill at small pages with Hopper bulk copies: a 128-key tile is assembled from one TMA copy
+per page (Gluon).
+
+At page 16 a 128-key tile of the cached prefix spans 8 pages. The Triton kernel
+(prefill_attention.py) gathers those rows thread by thread with cp.async: every thread computes the
+addresses of its rows, and its loop runs 562 instructions a warp and iteration against 493 where a
+page holds the whole tile and one descriptor copies it (sass_loop --prefill). On an H100 that gather
+is what separates page 16 from page 128 on prefix-heavy shapes: extends 4 x (2048+512) at 0.71-0.76x
+of FlashAttention 3 against 0.86-0.91x, a chunk after 30k cached tokens at 0.71-0.79x against
+0.83-0.93x (perf/results/peer-serving/2026-12-06/kernels-h100-ahead/prefill-ceiling.md). A tensor
+descriptor cannot address 8 scattered pages as one box, and Triton's compiler offers no way to copy
+into a slice of one shared-memory tile; Gluon, Triton's lower-level dialect, does. Here each page
+of a tile is one copy of a [PAGE_SIZE, D] box into consecutive rows of one [BLOCK_N, D] buffer,
+all completing on one mbarrier, and the buffer is the tensor cores' operand as a whole.
+
+The contract is paged_prefill_attention's with the step's own K/V (``k_new``/``v_new``, the
+engine's launch on Hopper): 16-bit pools of q's dtype, a power-of-two head_dim of 64 or 128, a page
+size that divides the 128-key tile. One program takes BLOCK_M rows (query tokens x the query heads of
+one KV head, as in prefill_attention.py) and walks first the cached prefix's tiles through the page
+table, then the chunk's own keys from the step's rows (one copy a tile), two stages deep: the next
+tile's copies are in flight while this one is multiplied. Only the tile that holds the prefix's end
+and the chunk's diagonal tiles are masked. Page ids past the prefix's last page are clamped to it,
+so every copy reads written, finite rows of the pool (allocated zeroed), whose scores are masked.
+
+Gluon runs only compiled on a GPU (no interpreter): the CPU tests compile it for sm_90
+(perf/kernels/hopper_compile.py) and the GPU tests compare it with the torch reference.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+
+from .prefill_tiles import IDLE, tokens_per_tile
+
+LOG2E = 1.4426950408889634
+BLOCK_M = 128
+BLOCK_N = 128
+NUM_WARPS = 8
+IDLE_TILE: gl.constexpr = gl.constexpr(IDLE)
+# The bulk copy's name: async_copy_global_to_shared in the GPU image's Triton 3.6, async_load since.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _page_rows(pt_row, i, n_pre, n_pages, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, num_warps: gl.constexpr):
+    """The first pool rows of prefix tile i's pages, [BLOCK_N // PAGE_SIZE], every thread holding all of
+    them (0 for a tile that is not the prefix's); ids past the prefix's last page are clamped to it."""
+    ids_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // PAGE_SIZE], [32], [num_warps], [0])
+    idx = gl.minimum(i * (BLOCK_N // PAGE_SIZE) + gl.arange(0, BLOCK_N // PAGE_SIZE, layout=ids_layout), n_pages - 1)
+    return gl.load(pt_row + idx, mask=(idx >= 0) & (i < n_pre), other=0) * PAGE_SIZE
+
+
+@gluon.jit
+def _issue_tile(i, rows, n_pre, q_start, kv_col, k_desc, v_desc, kn_desc, vn_desc, k_buf, v_buf, bar,
+                BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, TILE_BYTES: gl.constexpr):
+    """Starts the copies of tile i into k_buf/v_buf, completing on bar: a prefix tile one page at a
+    time from `rows` (_page_rows, read an iteration earlier), or one of the chunk's own tiles from
+    the step's rows in one copy per operand."""
+    mbarrier.expect(bar, 2 * TILE_BYTES)
+    if i < n_pre:
+        which = gl.arange(0, BLOCK_N // PAGE_SIZE, layout=rows.type.layout)
+        for p in gl.static_range(BLOCK_N // PAGE_SIZE):
+            # every thread holds every row: the sum picks one in registers, with no shuffle
+            row = gl.sum(gl.where(which == p, rows, 0), axis=0)
+            _tma_load(k_desc, [row, kv_col], bar, k_buf.slice(p * PAGE_SIZE, PAGE_SIZE))
+            _tma_load(v_desc, [row, kv_col], bar, v_buf.slice(p * PAGE_SIZE, PAGE_SIZE))
+    else:
+        row = q_start + (i - n_pre) * BLOCK_N
+        _tma_load(kn_desc, [row, kv_col], bar, k_buf)
+        _tma_load(vn_desc, [row, kv_col], bar, v_buf)
+
+
+@gluon.jit
+def _prefill_pages_tma_kernel(
+    Q, O, PT, QSL, CTX, TILES, k_desc, v_desc, kn_desc, vn_desc, scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_ptb,
+    GROUP: gl.constexpr, BLOCK_G: gl.constexpr, BLOCK_MT: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, TILED: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    if TILED:
+        tile = gl.program_id(0)
+        b = gl.load(TILES + 2 * tile)
+        mblk = gl.load(TILES + 2 * tile + 1)
+        kvh = gl.program_id(1)
+    else:
+        mblk = gl.program_id(0)
+        b = gl.program_id(1)
+        kvh = gl.program_id(2)
+    if b == IDLE_TILE:
+        return
+    q_start = gl.load(QSL + b)
+    q_len = gl.load(QSL + b + 1) - q_start
+    if mblk * BLOCK_MT >= q_len:
+        return
+    prefix = gl.load(CTX + b) - q_len
+
+    dtype: gl.constexpr = Q.dtype.element_ty
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    tile_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    q_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    TILE_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+
+    # Rows: BLOCK_MT query tokens x BLOCK_G heads of this KV head's group (row r: token r // BLOCK_G).
+    r_io = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, io_layout))
+    d_io = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, io_layout))
+    tok_io = mblk * BLOCK_MT + r_io // BLOCK_G
+    g_io = r_io % BLOCK_G
+    row_ok = (tok_io < q_len) & (g_io < GROUP)
+    q_rows = (q_start + tok_io).to(gl.int64) * stride_qt + (kvh * GROUP + g_io) * stride_qh
+    q = gl.load(Q + q_rows[:, None] + d_io[None, :], mask=row_ok[:, None], other=0.0)
+    q_buf = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_smem, q)
+    k_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile_smem)
+    v_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile_smem)
+    bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for stage in gl.static_range(2):
+        mbarrier.init(bars.index(stage), count=1)
+    fence_async_shared()        # Q's stores and the barriers' init, before the async proxy reads them
+
+    # Tiles: the prefix's ceil(prefix / BLOCK_N) through the page table (the last one masked at
+    # `prefix`), then the chunk's keys up to this block's last token (its diagonal tiles masked).
+    n_pages = gl.cdiv(prefix, PAGE_SIZE)
+    n_pre = gl.cdiv(prefix, BLOCK_N)
+    tok_first = mblk * BLOCK_MT
+    self_end = gl.minimum(tok_first + BLOCK_MT, q_len)
+    n_tiles = n_pre + gl.cdiv(self_end, BLOCK_N)
+    first_masked = n_pre + (tok_first + 1) // BLOCK_N      # chunk tiles every row sees in full come before
+    pt_row = PT + b * stride_ptb
+    kv_col = kvh * HEAD_DIM
+
+    n_io = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, io_layout))
+    r_s = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    c_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    tok_s = tok_first + r_s // BLOCK_G
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+
+    # Page ids are read an iteration before their copies are issued, so that no copy waits on a
+    # table read of its own iteration (as prefill_attention.py's PREFETCH).
+    rows = _page_rows(pt_row, 0, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
+    _issue_tile(0, rows, n_pre, q_start, kv_col, k_desc, v_desc, kn_desc, vn_desc, k_bufs.index(0), v_bufs.index(0),
+                bars.index(0), BLOCK_N, PAGE_SIZE, TILE_BYTES)
+    rows = _page_rows(pt_row, 1, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
+    for i in range(n_tiles):
+        slot = i % 2
+        if i + 1 < n_tiles:
+            # the other stage's last reader, tile i - 1's wgmma, was waited for in its iteration
+            _issue_tile(i + 1, rows, n_pre, q_start, kv_col, k_desc, v_desc, kn_desc, vn_desc,
+                        k_bufs.index(1 - slot), v_bufs.index(1 - slot), bars.index(1 - slot), BLOCK_N, PAGE_SIZE,
+                        TILE_BYTES)
+            rows = _page_rows(pt_row, i + 2, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
+        mbarrier.wait(bars.index(slot), (i // 2) & 1)
+        k_buf = k_bufs.index(slot)
+        v_buf = v_bufs.index(slot)
+        # Rows past the prefix's end (other slots of its last page, the clamped pages) or past the
+        # chunk (the next request, a graph's padding) may hold anything, NaN included: their
+        # probabilities are 0, and 0 * NaN would still reach the output, so V's are zeroed. One
+        # tile per program at most, the others are whole.
+        valid = gl.where(i < n_pre, prefix - i * BLOCK_N, q_len - (i - n_pre) * BLOCK_N)
+        if valid < BLOCK_N:
+            v_tile = v_buf.load(io_layout)
+            v_tile = gl.where((n_io < valid)[:, None], v_tile, gl.zeros_like(v_tile))
+            v_buf.store(v_tile)
+            fence_async_shared()
+        s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                          use_acc=False)
+        if (i == n_pre - 1) & (prefix % BLOCK_N != 0):
+            s = gl.where((i * BLOCK_N + c_s < prefix)[None, :], s, float("-inf"))
+        elif i >= first_masked:
+            j = (i - n_pre) * BLOCK_N + c_s
+            s = gl.where((j[None, :] <= tok_s[:, None]) & (j < q_len)[None, :], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
+        p = gl.exp2(s * scale_log2 - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_buf, acc)
+
+    for stage in gl.static_range(2):
+        mbarrier.invalidate(bars.index(stage))
+    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    out = gl.convert_layout(out.to(dtype), io_layout)
+    o_rows = (q_start + tok_io).to(gl.int64) * stride_ot + (kvh * GROUP + g_io) * stride_oh
+    gl.store(O + o_rows[:, None] + d_io[None, :], out, mask=row_ok[:, None])
+
+
+def applies(k_cache: torch.Tensor, q: torch.Tensor) -> bool:
+    """Whether this kernel takes a pool: 16-bit of q's dtype, contiguous, a head_dim of 64 or 128, a
+    page size that divides the 128-key tile, on a Hopper GPU."""
+    _, page_size, _, d = k_cache.shape
+    return (k_cache.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == q.dtype and d in (64, 128)
+            and BLOCK_N % page_size == 0 and page_size % 8 == 0 and k_cache.is_contiguous()
+            and q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] == 9)
+
+
+def _descriptor(rows: torch.Tensor, box_rows: int, head_dim: int):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, head_dim], _GL_DTYPES[rows.dtype])
+    return TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [box_rows, head_dim], layout)
+
+
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+
+
+def paged_prefill_pages_tma(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                            query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                            k_new: torch.Tensor, v_new: torch.Tensor, out: torch.Tensor | None = None, *,
+                            tiles: torch.Tensor | None = None, max_query_len: int | None = None) -> torch.Tensor:
+    """paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, context_lens, scale,
+    out, k_new=k_new, v_new=v_new, tiles=tiles) for a pool that ``applies``; the same shapes and
+    argument checks are the caller's (paged_prefill_attention makes them). A work list must be built
+    with ``tokens_per_tile(Hq, Hkv, BLOCK_M)``."""
+    t, hq, d = q.shape
+    num_pages, page_size, hkv, _ = k_cache.shape
+    nb = page_table.shape[0]
+    if out is None:
+        out = torch.empty_like(q)
+    if t == 0 or nb == 0:
+        return out
+    group = hq // hkv
+    block_g = triton.next_power_of_2(group)
+    block_mt = tokens_per_tile(hq, hkv, BLOCK_M)
+    if tiles is not None:
+        grid = (tiles.shape[0], hkv)
+    else:
+        grid = (triton.cdiv(t if max_query_len is None else max_query_len, block_mt), nb, hkv)
+    k_desc = _descriptor(k_cache.view(num_pages * page_size, hkv * d), page_size, d)
+    v_desc = _descriptor(v_cache.view(num_pages * page_size, hkv * d), page_size, d)
+    kn_desc = _descriptor(k_new.view(t, hkv * d) if k_new.is_contiguous() else _rows(k_new), BLOCK_N, d)
+    vn_desc = _descriptor(v_new.view(t, hkv * d) if v_new.is_contiguous() else _rows(v_new), BLOCK_N, d)
+    _prefill_pages_tma_kernel[grid](
+        q, out, page_table, query_start_loc, context_lens, query_start_loc if tiles is None else tiles,
+        k_desc, v_desc, kn_desc, vn_desc, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
+        GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=BLOCK_N, HEAD_DIM=d,
+        PAGE_SIZE=page_size, TILED=tiles is not None, num_warps=NUM_WARPS,
+    )
+    return out
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """A step's K or V [T, Hkv, D] with contiguous heads and any token stride (a view of the fused
+    projection) as rows [T, Hkv * D] of that stride."""
+    t, hkv, d = x.shape
+    return x.as_strided((t, hkv * d), (x.stride(0), 1))

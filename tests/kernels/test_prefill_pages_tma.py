@@ -1,0 +1,91 @@
+"""prefill_pages_tma (Gluon: one bulk copy per page into a 128-key tile) against dense causal attention
+on a Hopper GPU. Gluon has no interpreter: on the CPU the kernel is only compiled for sm_90
+(tests/perf/test_hopper_compile.py); here it runs.
+
+The pools are make_new_kv_case's: the chunk's slots in the pool, every unused page, and the page
+table's entries past each context are NaN or -1, and the step's K/V buffer has NaN rows past its
+tokens, so a read of anything the kernel must not use shows as NaN in the output.
+"""
+
+import pytest
+import torch
+
+from paged_cases import TOL, dense_attention, make_new_kv_case, rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                       reason="needs a Hopper GPU (Gluon TMA kernel)"),
+]
+
+# (context, chunk): a prompt of several tiles; prefixes that end mid-page, on a page, on a tile; a
+# one-token chunk over a long prefix; nothing new; chunks that end mid-tile
+REQS = [(300, 300), (700, 37), (129, 1), (9, 0), (1000, 200), (256, 128), (4096, 512), (143, 15)]
+
+
+def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed):
+    from kvshare_kernels.prefill_pages_tma import BLOCK_M, applies, paged_prefill_pages_tma
+    from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
+
+    case, k_new, v_new = make_new_kv_case(reqs, page_size, hq, hkv, d, dtype, "cuda", seed=seed)
+    q_lens = [m for _, m in reqs]
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    q = q.to(dtype).cuda()
+    assert applies(case.k_cache, q)
+    tiles = None
+    if tiled:   # a graph's work list: more entries than blocks, the rest idle
+        per_tile = tokens_per_tile(hq, hkv, BLOCK_M)
+        tiles = torch.from_numpy(plan_tiles(q_lens, [n for n, _ in reqs], per_tile,
+                                            capacity=sum(-(-m // per_tile) for m in q_lens) + 5)).cuda()
+    out = torch.full_like(q, float("nan"))
+    paged_prefill_pages_tma(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, d ** -0.5,
+                            k_new, v_new, out, tiles=tiles, max_query_len=max(q_lens))
+    for i, (n, m) in enumerate(reqs):
+        if m:
+            s = int(qsl[i])
+            ref = dense_attention(q[s:s + m], case.dense_k[i], case.dense_v[i], d ** -0.5)
+            err = rel_err(out[s:s + m], ref)
+            assert err < TOL[dtype], f"request {i} (ctx {n}, q_len {m}): rel err {err:.2e}"
+    return out
+
+
+@pytest.mark.parametrize("page_size", [16, 32, 64])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (4, 4), (6, 2)])      # GQA, MHA, a group of 3 padded to 4 rows
+@pytest.mark.parametrize("tiled", [True, False], ids=["work-list", "grid"])
+def test_matches_dense_attention(page_size, hq, hkv, tiled):
+    _run(REQS, page_size, hq, hkv, 128, torch.bfloat16, tiled, seed=page_size + hq)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128])
+def test_dtypes_and_head_dims(dtype, d):
+    _run(REQS[:6], 16, 8, 2, d, dtype, True, seed=d)
+
+
+def test_gives_the_triton_kernels_answer_on_the_engines_shapes():
+    """Llama-3-8B's heads at page 16, against the engine's Triton launch on the same inputs."""
+    from kvshare_kernels import kernels
+
+    reqs = [(2560, 512), (2048, 2048), (8192 + 1024, 1024)]
+    out = _run(reqs, 16, 32, 8, 128, torch.bfloat16, True, seed=5)
+    case, k_new, v_new = make_new_kv_case(reqs, 16, 32, 8, 128, torch.bfloat16, "cuda", seed=5)
+    q_lens = [m for _, m in reqs]
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(q_lens), 32, 128, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    q = q.to(torch.bfloat16).cuda()
+    triton_out = kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl,
+                                                 case.context_lens, 128 ** -0.5, k_new=k_new, v_new=v_new)
+    assert rel_err(out, triton_out) < TOL[torch.bfloat16]
+
+
+def test_refuses_what_it_cannot_copy():
+    from kvshare_kernels.prefill_pages_tma import applies
+
+    q = torch.zeros(4, 8, 128, dtype=torch.bfloat16, device="cuda")
+    pool = torch.zeros(8, 16, 2, 128, dtype=torch.bfloat16, device="cuda")
+    assert applies(pool, q)
+    assert not applies(pool.float(), q.float())                                   # 32-bit pages
+    assert not applies(torch.zeros(8, 48, 2, 128, dtype=torch.bfloat16, device="cuda"), q)   # 48 does not divide 128
+    assert not applies(torch.zeros(8, 16, 2, 96, dtype=torch.bfloat16, device="cuda"), q[..., :96])
+    assert not applies(pool, q.half())                                             # q's dtype differs
