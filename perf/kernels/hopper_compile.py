@@ -16,7 +16,8 @@ by putting an unpacked wheel first on PYTHONPATH (perf/kernels/sass_loop.py says
 
 The cases are the engine's launches on its two model shapes (Llama-3-8B's GQA 32/8 and Llama-2-7B's
 MHA 32/32, head_dim 128) over every pool dtype it serves (bf16, fp16, fp8_e4m3, int8) and the page
-sizes the README measures (16, 64, 128).
+sizes the README measures (16, 64, 128), and the Gluon prefill that copies a tile page by page
+(prefill_pages_tma.py), which has no interpreter to run it on the CPU at all.
 """
 from __future__ import annotations
 
