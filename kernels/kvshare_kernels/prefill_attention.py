@@ -399,7 +399,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             num_warps: int | None = None, num_stages: int | None = None,
                             tma: bool | None = None, prefetch_page_ids: bool | None = None,
                             k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
-                            rows32: bool | None = None) -> torch.Tensor:
+                            rows32: bool | None = None, page_copies: bool = False) -> torch.Tensor:
     """q [T, Hq, D] (requests back to back); query_start_loc int32 [B+1]; context_lens int32 [B].
 
     k_scale/v_scale: an int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats.
@@ -420,7 +420,10 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     page table; the tiles then start at the chunk's first token, not at position 0, so the sums
     round in another order than without them.
     rows32: compute the pool's row offsets in int32 (None: where every offset into both pools fits;
-    False forces int64, for tests)."""
+    False forces int64, for tests).
+    page_copies: with k_new/v_new at a page smaller than the 128-key tile on Hopper, run
+    prefill_pages_tma's Gluon kernel (each prefix tile one bulk copy per page) where it applies and
+    the launch is the default one; opt-in until it has been timed against this kernel."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
@@ -452,6 +455,15 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     group = hq // hkv
     block_g = triton.next_power_of_2(group)
     launch = default_launch(page_size, k_cache.dtype, d, q.device, new_kv=new_kv)
+    if page_copies and new_kv and launch == NEW_KV_LAUNCH and not any((block_m, block_n, num_warps, num_stages, tma)):
+        from . import prefill_pages_tma
+
+        if prefill_pages_tma.applies(k_cache, q):
+            if tiles is not None and checks.debug_enabled(debug):
+                checks.check_tile_values(tiles, query_start_loc, tokens_per_tile(hq, hkv, prefill_pages_tma.BLOCK_M))
+            return prefill_pages_tma.paged_prefill_pages_tma(q, k_cache, v_cache, page_table, query_start_loc,
+                                                             context_lens, scale, k_new, v_new, out, tiles=tiles,
+                                                             max_query_len=max_query_len)
     block_mt = tokens_per_tile(hq, hkv, block_m or launch.block_m)   # query tokens per program (a work list's)
     if tiles is not None:
         if checks.debug_enabled(debug):

@@ -36,6 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from .prefill_tiles import IDLE, tokens_per_tile
 
 LOG2E = 1.4426950408889634
+# The engine builds its work lists for prefill_attention's NEW_KV_LAUNCH: the same rows per program.
 BLOCK_M = 128
 BLOCK_N = 128
 NUM_WARPS = 8

@@ -270,3 +270,25 @@ def test_prefill_new_kv_refuses_what_it_cannot_read(device):
     with pytest.raises(ValueError, match="16-bit pool"):
         kernels.paged_prefill_attention(q.float(), f32.k_cache, f32.v_cache, f32.page_table, qsl, f32.context_lens,
                                         0.25, k_new=k.float(), v_new=k.float())
+
+
+def test_page_copies_falls_back_where_the_gluon_kernel_does_not_apply(device):
+    """page_copies asks for prefill_pages_tma's kernel (Hopper only, no interpreter): elsewhere, and
+    for a launch other than the default one, the Triton launch runs and gives its own bits."""
+    from kvshare_kernels import prefill_pages_tma
+    from kvshare_kernels.prefill_attention import NEW_KV_LAUNCH
+
+    assert prefill_pages_tma.BLOCK_M == NEW_KV_LAUNCH.block_m      # the engine's work lists serve both
+    reqs = [(150, 150), (300, 6), (9, 0), (200, 131)]
+    hq, hkv, d, dtype = 4, 2, 16, torch.bfloat16
+    case, k_new, v_new = make_new_kv_case(reqs, 16, hq, hkv, d, dtype, device, seed=12)
+    q_lens = [m for _, m in reqs]
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    q = q.to(dtype).to(device)
+    args = (q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, d ** -0.5)
+    plain = kernels.paged_prefill_attention(*args, k_new=k_new, v_new=v_new)
+    asked = kernels.paged_prefill_attention(*args, k_new=k_new, v_new=v_new, page_copies=True)
+    if not prefill_pages_tma.applies(case.k_cache, q):      # d = 16: never the Gluon kernel's
+        assert torch.equal(plain, asked)
+    _assert_dense(asked, q, case, reqs, qsl, d, dtype)

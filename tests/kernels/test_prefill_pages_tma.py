@@ -89,3 +89,20 @@ def test_refuses_what_it_cannot_copy():
     assert not applies(torch.zeros(8, 48, 2, 128, dtype=torch.bfloat16, device="cuda"), q)   # 48 does not divide 128
     assert not applies(torch.zeros(8, 16, 2, 96, dtype=torch.bfloat16, device="cuda"), q[..., :96])
     assert not applies(pool, q.half())                                             # q's dtype differs
+
+
+def test_the_engines_entry_point_routes_to_it_when_asked():
+    """paged_prefill_attention(..., page_copies=True), as the engine calls it with
+    KVSHARE_PREFILL_PAGE_COPIES=1, runs this kernel: the same bits as calling it directly."""
+    from kvshare_kernels import kernels
+    from kvshare_kernels.prefill_pages_tma import paged_prefill_pages_tma
+
+    reqs = REQS[:6]
+    case, k_new, v_new = make_new_kv_case(reqs, 16, 8, 2, 128, torch.bfloat16, "cuda", seed=21)
+    q_lens = [m for _, m in reqs]
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(q_lens), 8, 128, device="cuda", dtype=torch.bfloat16)
+    args = (q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, 128 ** -0.5)
+    routed = kernels.paged_prefill_attention(*args, k_new=k_new, v_new=v_new, page_copies=True)
+    direct = paged_prefill_pages_tma(*args, k_new, v_new)
+    assert torch.equal(routed, direct)

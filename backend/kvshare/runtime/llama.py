@@ -62,6 +62,9 @@ class LlamaModel:
         # instead of back from the pool: bulk copies at any page size (prefill_attention.py, k_new).
         # KVSHARE_PREFILL_NEW_KV=0 reads them from the pool as before.
         self._new_kv_on = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_PREFILL_NEW_KV", "1") != "0"
+        # KVSHARE_PREFILL_PAGE_COPIES=1: with them, a page-16 prefix tile arrives by one bulk copy per
+        # page (prefill_pages_tma.py, Gluon), opt-in until timed against the default launch.
+        self._page_copies = self._new_kv_on and os.environ.get("KVSHARE_PREFILL_PAGE_COPIES", "0") == "1"
         self._dtype = dtype
         self._new_kv_by_cache_dtype: dict[torch.dtype, bool] = {}
         if self.fused:
@@ -163,5 +166,7 @@ class LlamaModel:
                                           max_context=b.max_context, **scales)
         if new_kv is not None:
             scales = {**scales, "k_new": new_kv[0], "v_new": new_kv[1]}
+            if self._page_copies:
+                scales["page_copies"] = True
         return self._prefill_attention(q, k_cache, v_cache, b.page_table, b.query_start_loc, b.context_lens,
                                       self.scale, max_query_len=b.max_query_len, tiles=b.prefill_tiles, **scales)

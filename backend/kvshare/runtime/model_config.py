@@ -81,4 +81,10 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         head_dim=16, vocab_size=256, rms_norm_eps=1e-5, rope_theta=10000.0, max_position=512,
         tie_word_embeddings=True, eos_token_ids=(2,),
     ),
+    # tiny-llama with the large models' head_dim: for tests of the kernels that need 64 or 128
+    "tiny-llama-hd128": ModelConfig(
+        num_layers=2, hidden_size=512, intermediate_size=1024, num_heads=4, num_kv_heads=2,
+        head_dim=128, vocab_size=256, rms_norm_eps=1e-5, rope_theta=10000.0, max_position=1024,
+        tie_word_embeddings=True, eos_token_ids=(2,),
+    ),
 }

@@ -81,16 +81,18 @@ def test_16_bit_pages_take_the_wide_prefill_launch(page_size):
     assert graphed == eager
 
 
-def _first_logits(new_kv: bool, monkeypatch) -> list[torch.Tensor]:
+def _first_logits(new_kv: bool, monkeypatch, model: str = "dummy:tiny-llama", page_copies: bool = False,
+                  lengths: tuple[int, ...] = (7, 33, 100), chunk: int = 40) -> list[torch.Tensor]:
     monkeypatch.setenv("KVSHARE_PREFILL_NEW_KV", "1" if new_kv else "0")
-    e = LLMEngine(EngineConfig(model="dummy:tiny-llama", device="cuda", dtype="bfloat16", num_pages=128,
-                               page_size=16, max_running=8, max_step_tokens=96, max_prefill_chunk=40))
+    monkeypatch.setenv("KVSHARE_PREFILL_PAGE_COPIES", "1" if page_copies else "0")
+    e = LLMEngine(EngineConfig(model=model, device="cuda", dtype="bfloat16", num_pages=128,
+                               page_size=16, max_running=8, max_step_tokens=96, max_prefill_chunk=chunk))
     if e.runner.model.prefill_reads_new_kv(torch.bfloat16) != new_kv:
         pytest.skip("descriptors need Hopper or later")
     g = torch.Generator().manual_seed(3)
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, return_generation_logits=True)
     # whole prompts, a prompt cut into chunks (the second chunk after a prefix of its own), a cache hit
-    prompts = [torch.randint(3, 250, (n,), generator=g).tolist() for n in (7, 33, 100)]
+    prompts = [torch.randint(3, 250, (n,), generator=g).tolist() for n in lengths]
     prompts.append(prompts[2][:64] + [5, 6, 7])
     logits = {}
     for i, p in enumerate(prompts):
@@ -106,5 +108,18 @@ def test_prefill_from_the_steps_kv_matches_the_pool_path(monkeypatch):
     pool, within bf16 rounding through the layers (other tile boundaries: not bit for bit; 0.13 on
     logits up to 22 on an H100). An unrotated or misplaced key would move them by whole units."""
     on, off = _first_logits(True, monkeypatch), _first_logits(False, monkeypatch)
+    for a, b in zip(on, off):
+        assert (a - b).abs().max() <= 0.02 * b.abs().max() + 0.05, ((a - b).abs().max(), b.abs().max())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU (Gluon TMA kernel)")
+def test_page_copies_give_the_default_launchs_logits(monkeypatch):
+    """KVSHARE_PREFILL_PAGE_COPIES=1: prefix tiles at page 16 arrive by one bulk copy per page
+    (prefill_pages_tma.py) inside the engine's graphs and work lists, with head_dim 128; the logits
+    are the default launch's within bf16 rounding. Chunks of 96 after prefixes of up to 300 tokens
+    make several whole and partial prefix tiles."""
+    kw = dict(model="dummy:tiny-llama-hd128", lengths=(7, 200, 400), chunk=96)
+    on, off = _first_logits(True, monkeypatch, page_copies=True, **kw), _first_logits(True, monkeypatch, **kw)
     for a, b in zip(on, off):
         assert (a - b).abs().max() <= 0.02 * b.abs().max() + 0.05, ((a - b).abs().max(), b.abs().max())
