@@ -40,22 +40,28 @@ HEAD_DIM = 128
 
 @dataclass(frozen=True)
 class Compiled:
-    """One kernel compiled for one case: its launch configuration and shared memory."""
+    """One kernel compiled for one case: its launch configuration, shared memory, and what ptxas
+    gave it (registers per thread; local memory per thread, where spills go: 0 when none; and the
+    spill instructions inside its main loop, which cost on every tile, not once)."""
     case: str
     kernel: str
     num_warps: int
     num_stages: int
     shared_bytes: int
+    registers: int
+    local_bytes: int
+    loop_spills: int       # local loads and stores (LDL/STL) in the longest loop: spills on the hot path
 
 
 class _PaperDevice:
     """The parts of `triton.runtime.driver.active` a launch reaches, for a device that is not there."""
 
-    def __init__(self, arch: int, on_compile: Callable[[str, object], None]):
+    def __init__(self, arch: int, on_compile: Callable[[str, object, dict], None]):
         from triton.backends.compiler import GPUTarget
 
         self._target = GPUTarget("cuda", arch, 32)
         self._on_compile = on_compile
+        self._metadata = None
         self.utils = self
 
     # driver
@@ -75,7 +81,7 @@ class _PaperDevice:
         return torch.device("cpu")
 
     def launcher_cls(self, src, metadata):
-        self._on_compile(getattr(getattr(src, "fn", None), "__name__", str(src)), metadata)
+        self._metadata = metadata      # load_binary, next, has the cubin
         return lambda *args, **kwargs: None
 
     # driver.utils
@@ -84,10 +90,43 @@ class _PaperDevice:
                 "warpSize": 32}
 
     def load_binary(self, name, kernel, shared, device):
-        return 1, 1, 0, 0, 1024          # module, function, registers, spills, max threads per block
+        usage = _resource_usage(kernel)
+        self._on_compile(name, self._metadata, usage)
+        # module, function, registers, spills, max threads per block
+        return 1, 1, usage["REG"], usage["LOCAL"], 1024
 
     def unload_module(self, module) -> None:
         pass
+
+
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    """ptxas's figures for the cubin's kernel (`cuobjdump -res-usage`): REG, STACK, SHARED, LOCAL..."""
+    import subprocess
+    import tempfile
+
+    from triton.tools.disasm import path_to_cuobjdump
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([path_to_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    line = next(ln for ln in text.splitlines() if "REG:" in ln)
+    usage = {k: int(v) for k, v in (item.split(":")[:2] for item in line.split() if item.split(":")[-1].isdigit())}
+    usage["LOOP_SPILLS"] = _loop_spills(cubin) if usage["LOCAL"] or usage.get("STACK", 0) else 0
+    return usage
+
+
+def _loop_spills(cubin: bytes) -> int:
+    """LDL/STL instructions between the target of the kernel's longest backward branch and that branch."""
+    from perf.kernels.sass_loop import _loops, sass_of
+
+    sass = sass_of(cubin)
+    try:
+        start, end = max(_loops(sass), key=lambda se: se[1] - se[0])
+    except ValueError:         # no loop at all
+        return 0
+    return sum(("LDL" in ln or "STL" in ln) for ln in sass.splitlines()[start:end + 1])
 
 
 def _pool(dtype: str, pages: int, page: int, hkv: int):
@@ -271,8 +310,9 @@ def compile_all(only: str | None = None, arch: int = 90,
 
     compiled: list[Compiled] = []
     current = [""]
-    device = _PaperDevice(arch, lambda name, md: compiled.append(
-        Compiled(current[0], name, md.num_warps, md.num_stages, md.shared)))
+    device = _PaperDevice(arch, lambda name, md, usage: compiled.append(
+        Compiled(current[0], name, md.num_warps, md.num_stages, md.shared, usage["REG"],
+                 usage["LOCAL"] + usage.get("STACK", 0), usage["LOOP_SPILLS"])))
     driver.set_active(device)
     # split-K sizes itself by the SM count, which the launcher reads from torch only on CUDA tensors
     num_sms = decode_attention._num_sms
@@ -307,9 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     compiled, failed = compile_all(args.only, args.arch)
     print(f"Triton {triton.__version__}, torch {torch.__version__}, target sm_{args.arch}; shared memory limit "
           f"{H100_SHARED_BYTES} bytes")
-    print(f"{'case':<64} {'kernel':<28} {'warps':>5} {'stages':>6} {'shared':>8}")
+    print(f"{'case':<64} {'kernel':<28} {'warps':>5} {'stages':>6} {'shared':>8} {'regs':>5} {'local':>6} "
+          f"{'loop spills':>11}")
     for c in compiled:
-        print(f"{c.case:<64} {c.kernel:<28} {c.num_warps:>5} {c.num_stages:>6} {c.shared_bytes:>8}")
+        print(f"{c.case:<64} {c.kernel:<28} {c.num_warps:>5} {c.num_stages:>6} {c.shared_bytes:>8} {c.registers:>5} "
+              f"{c.local_bytes:>6} {c.loop_spills:>11}")
     for name, err in failed.items():
         print(f"FAILED {name}: {err}")
     print(f"{len(compiled)} kernels compiled, {len(failed)} cases failed")
