@@ -458,7 +458,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if page_copies and new_kv and launch == NEW_KV_LAUNCH and not any((block_m, block_n, num_warps, num_stages, tma)):
         from . import prefill_pages_tma
 
-        if prefill_pages_tma.applies(k_cache, q):
+        if prefill_pages_tma.applies(k_cache, v_cache, q):
             if tiles is not None and checks.debug_enabled(debug):
                 checks.check_tile_values(tiles, query_start_loc, tokens_per_tile(hq, hkv, prefill_pages_tma.BLOCK_M))
             return prefill_pages_tma.paged_prefill_pages_tma(q, k_cache, v_cache, page_table, query_start_loc,

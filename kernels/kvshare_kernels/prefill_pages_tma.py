@@ -19,8 +19,9 @@ size that divides the 128-key tile. One program takes BLOCK_M rows (query tokens
 one KV head, as in prefill_attention.py) and walks first the cached prefix's tiles through the page
 table, then the chunk's own keys from the step's rows (one copy a tile), two stages deep: the next
 tile's copies are in flight while this one is multiplied. Only the tile that holds the prefix's end
-and the chunk's diagonal tiles are masked. Page ids past the prefix's last page are clamped to it,
-so every copy reads written, finite rows of the pool (allocated zeroed), whose scores are masked.
+and the chunk's diagonal tiles are masked. Page ids past the prefix's last page are clamped to it, so
+every copy reads pages of this request; rows the tile must not use (other slots of the last page,
+the clamped pages, the next request's rows) get masked scores and V rows zeroed in shared memory.
 
 Gluon runs only compiled on a GPU (no interpreter): the CPU tests compile it for sm_90
 (perf/kernels/hopper_compile.py) and the GPU tests compare it with the torch reference.
@@ -195,13 +196,15 @@ def _prefill_pages_tma_kernel(
     gl.store(O + o_rows[:, None] + d_io[None, :], out, mask=row_ok[:, None])
 
 
-def applies(k_cache: torch.Tensor, q: torch.Tensor) -> bool:
-    """Whether this kernel takes a pool: 16-bit of q's dtype, contiguous, a head_dim of 64 or 128, a
-    page size that divides the 128-key tile, on a Hopper GPU."""
+def applies(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor) -> bool:
+    """Whether this kernel takes a pair of pools: 16-bit of q's dtype, contiguous (a descriptor's
+    rows), a head_dim of 64 or 128, a page size of at least 8 that divides the 128-key tile (the
+    swizzle's 8-row atoms), on a Hopper GPU."""
     _, page_size, _, d = k_cache.shape
     return (k_cache.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == q.dtype and d in (64, 128)
             and BLOCK_N % page_size == 0 and page_size % 8 == 0 and k_cache.is_contiguous()
-            and q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] == 9)
+            and v_cache.is_contiguous() and q.device.type == "cuda"
+            and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
 def _descriptor(rows: torch.Tensor, box_rows: int, head_dim: int):

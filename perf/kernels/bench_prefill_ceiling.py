@@ -217,7 +217,7 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
     if not bc.DRY_RUN:       # Gluon compiles for the GPU only: the interpreter cannot run it
         from kvshare_kernels import prefill_pages_tma as ppt
 
-        if ppt.applies(k16, q):
+        if ppt.applies(k16, v16, q):
             tlg = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, ppt.BLOCK_M)
             t = _time(lambda: ppt.paged_prefill_pages_tma(q, k16, v16, pt16, qsl, lens, scale, k_new, v_new, out,
                                                           tiles=tlg))

@@ -289,6 +289,6 @@ def test_page_copies_falls_back_where_the_gluon_kernel_does_not_apply(device):
     args = (q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, d ** -0.5)
     plain = kernels.paged_prefill_attention(*args, k_new=k_new, v_new=v_new)
     asked = kernels.paged_prefill_attention(*args, k_new=k_new, v_new=v_new, page_copies=True)
-    if not prefill_pages_tma.applies(case.k_cache, q):      # d = 16: never the Gluon kernel's
+    if not prefill_pages_tma.applies(case.k_cache, case.v_cache, q):      # d = 16: never the Gluon kernel's
         assert torch.equal(plain, asked)
     _assert_dense(asked, q, case, reqs, qsl, d, dtype)

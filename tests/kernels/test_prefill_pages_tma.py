@@ -32,7 +32,7 @@ def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed):
     qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     q = q.to(dtype).cuda()
-    assert applies(case.k_cache, q)
+    assert applies(case.k_cache, case.v_cache, q)
     tiles = None
     if tiled:   # a graph's work list: more entries than blocks, the rest idle
         per_tile = tokens_per_tile(hq, hkv, BLOCK_M)
@@ -84,11 +84,17 @@ def test_refuses_what_it_cannot_copy():
 
     q = torch.zeros(4, 8, 128, dtype=torch.bfloat16, device="cuda")
     pool = torch.zeros(8, 16, 2, 128, dtype=torch.bfloat16, device="cuda")
-    assert applies(pool, q)
-    assert not applies(pool.float(), q.float())                                   # 32-bit pages
-    assert not applies(torch.zeros(8, 48, 2, 128, dtype=torch.bfloat16, device="cuda"), q)   # 48 does not divide 128
-    assert not applies(torch.zeros(8, 16, 2, 96, dtype=torch.bfloat16, device="cuda"), q[..., :96])
-    assert not applies(pool, q.half())                                             # q's dtype differs
+
+    def pools(**kw):
+        return torch.zeros(*kw.get("shape", (8, 16, 2, 128)), dtype=kw.get("dtype", torch.bfloat16), device="cuda")
+
+    assert applies(pool, pool, q)
+    assert not applies(pool.float(), pool.float(), q.float())                  # 32-bit pages
+    assert not applies(pools(shape=(8, 48, 2, 128)), pools(shape=(8, 48, 2, 128)), q)   # 48 does not divide 128
+    assert not applies(pools(shape=(8, 4, 2, 128)), pools(shape=(8, 4, 2, 128)), q)     # under a swizzle atom
+    assert not applies(pools(shape=(8, 16, 2, 96)), pools(shape=(8, 16, 2, 96)), q[..., :96])
+    assert not applies(pool, pool, q.half())                                   # q's dtype differs
+    assert not applies(pool, pools(shape=(8, 16, 2, 256))[..., :128], q)       # V in wider rows
 
 
 def test_the_engines_entry_point_routes_to_it_when_asked():
