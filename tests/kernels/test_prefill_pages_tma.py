@@ -85,16 +85,16 @@ def test_refuses_what_it_cannot_copy():
     q = torch.zeros(4, 8, 128, dtype=torch.bfloat16, device="cuda")
     pool = torch.zeros(8, 16, 2, 128, dtype=torch.bfloat16, device="cuda")
 
-    def pools(**kw):
-        return torch.zeros(*kw.get("shape", (8, 16, 2, 128)), dtype=kw.get("dtype", torch.bfloat16), device="cuda")
+    def pools(*shape):
+        return torch.zeros(*shape, dtype=torch.bfloat16, device="cuda")
 
     assert applies(pool, pool, q)
     assert not applies(pool.float(), pool.float(), q.float())                  # 32-bit pages
-    assert not applies(pools(shape=(8, 48, 2, 128)), pools(shape=(8, 48, 2, 128)), q)   # 48 does not divide 128
-    assert not applies(pools(shape=(8, 4, 2, 128)), pools(shape=(8, 4, 2, 128)), q)     # under a swizzle atom
-    assert not applies(pools(shape=(8, 16, 2, 96)), pools(shape=(8, 16, 2, 96)), q[..., :96])
+    assert not applies(pools(8, 48, 2, 128), pools(8, 48, 2, 128), q)   # 48 does not divide 128
+    assert not applies(pools(8, 4, 2, 128), pools(8, 4, 2, 128), q)     # under a swizzle atom
+    assert not applies(pools(8, 16, 2, 96), pools(8, 16, 2, 96), q[..., :96])
     assert not applies(pool, pool, q.half())                                   # q's dtype differs
-    assert not applies(pool, pools(shape=(8, 16, 2, 256))[..., :128], q)       # V in wider rows
+    assert not applies(pool, pools(8, 16, 2, 256)[..., :128], q)       # V in wider rows
 
 
 def test_the_engines_entry_point_routes_to_it_when_asked():
