@@ -63,8 +63,11 @@ TIER_DISK_DIR = "/tmp/kvshare-tier-disk"
 # The kernel tests in parallel when pytest-xdist is there (it compiles many small kernel variants).
 # The offline benchmark runs each workload once per KV layout, on one loaded model.
 KV_DTYPES = ("--kv-cache-dtype", "auto,fp8_e4m3,int8")
+# The Gluon prefill (prefill_pages_tma.py) runs in a stage of its own, first: a kernel that waits on a
+# barrier no copy completes would hang its process, and must not take the other kernels' tests with it.
+PAGES_TMA_TESTS = (PY, "-m", "pytest", "tests/kernels/test_prefill_pages_tma.py", "-q", "-p", "no:cacheprovider", "-x")
 KERNEL_TESTS = ("bash", "-c", 'n=""; ' + PY + ' -c "import xdist" 2>/dev/null && n="-n 4"; exec ' + PY
-                + ' -m pytest tests/kernels -q -p no:cacheprovider $n')
+                + ' -m pytest tests/kernels -q -p no:cacheprovider $n --ignore=tests/kernels/test_prefill_pages_tma.py')
 
 
 def offline(name: str, limit_s: int, *args: str, **kw) -> Stage:
@@ -253,9 +256,10 @@ SUITES: tuple[Suite, ...] = (
                  ("decode-short.json", "decode-short.md")),
            # page-16 prefill: the Triton launches, the Gluon kernel that copies a tile page by page,
            # the TMA tiles of larger pages and the dense ceiling (FA3 only with vLLM: peer-serving's stage)
+           Stage("pages-tma", PAGES_TMA_TESTS, 150),
            Stage("prefill-ceiling", (PY, "perf/kernels/bench_prefill_ceiling.py", "--json",
                                      "{out}/prefill-ceiling.json", "--md", "{out}/prefill-ceiling.md"), 400,
-                 ("prefill-ceiling.json", "prefill-ceiling.md"), needs=("tests",))),
+                 ("prefill-ceiling.json", "prefill-ceiling.md"), needs=("tests", "pages-tma"))),
           minutes=2),
     Suite("engine",
           "offline tok/s and TTFT, Llama-2-7B shape fp16, vs HF generate / generate_batch on the same requests: "
