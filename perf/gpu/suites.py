@@ -63,11 +63,11 @@ TIER_DISK_DIR = "/tmp/kvshare-tier-disk"
 # The kernel tests in parallel when pytest-xdist is there (it compiles many small kernel variants).
 # The offline benchmark runs each workload once per KV layout, on one loaded model.
 KV_DTYPES = ("--kv-cache-dtype", "auto,fp8_e4m3,int8")
-# The Gluon prefill (prefill_pages_tma.py) runs in a stage of its own, first: a kernel that waits on a
+# The Gluon prefill (prefill_pages_tma.py) has a stage of its own (before prefill-ceiling): a kernel that waits on a
 # barrier no copy completes would hang its process, and must not take the other kernels' tests with it.
 PAGES_TMA_TESTS = (PY, "-m", "pytest", "tests/kernels/test_prefill_pages_tma.py", "-q", "-p", "no:cacheprovider", "-x")
 KERNEL_TESTS = ("bash", "-c", 'n=""; ' + PY + ' -c "import xdist" 2>/dev/null && n="-n 4"; exec ' + PY
-                + ' -m pytest tests/kernels -q -p no:cacheprovider $n --ignore=tests/kernels/test_prefill_pages_tma.py')
+                + ' -m pytest tests/kernels -q -p no:cacheprovider --ignore=tests/kernels/test_prefill_pages_tma.py $n')
 
 
 def offline(name: str, limit_s: int, *args: str, **kw) -> Stage:
