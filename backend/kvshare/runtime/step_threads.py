@@ -3,7 +3,8 @@
 Inside the server a CPU engine shares its cores with the stub's response pump, its IPC and
 tritonserver's gRPC threads. A decode step is hundreds of small parallel regions (~0.1 ms each on
 SmolLM2-135M), and an OpenMP region waits for its slowest thread: one preempted thread stalls the
-step, so decode steps leave a core to the server (triton_adapter/cpu_threads.py). A prompt's
+step, so on machines of more than two cores decode steps leave a core to the server
+(triton_adapter/cpu_threads.py; on two, idling half the machine cost more than the stalls). A prompt's
 prefill is few, large regions (a 1,536-row gate_up takes 25 ms on one core, 13 ms on two), where a
 short preemption costs little and a second core halves the step. So a step that carries a prompt
 chunk runs on ``prefill`` threads and a decode-only step on ``decode`` threads.

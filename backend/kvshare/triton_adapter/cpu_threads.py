@@ -3,9 +3,11 @@
 In-process the engine may take every core. Inside Triton the same cores also run the stub's
 response pump and IPC, tritonserver's gRPC threads and, on a laptop, the client: torch's OpenMP
 regions split work evenly and wait for the slowest thread, so one preempted thread stalls the
-step. Measured on the 2-vCPU CI machine (seed-12x128 through the server, GGUF blocks): 2 threads
-55.2 tok/s (ITL p50 154 ms), 1 thread 60.9-63.7 (114-120 ms). The default leaves one core to the
-server; OMP_NUM_THREADS or KVSHARE_CPU_THREADS (a count, 0 = this default) decide otherwise.
+step. On two cores, leaving one to the server idles half the machine, and since the native decode
+kernels (2026-12-07, 2-vCPU Xeon, three interleaved pairs through the server) decode steps on both
+cores ran seed-12x128 at 215-224 tok/s against 169-174 on one (ITL p95 36-38 against 54-56 ms).
+With more cores one left to the server costs little (an unmeasured default). OMP_NUM_THREADS or
+KVSHARE_CPU_THREADS (a count, 0 = this default) decide otherwise.
 """
 from __future__ import annotations
 
@@ -33,12 +35,17 @@ def server_cpu_threads(env: Mapping[str, str], available: int) -> int | None:
     """Threads to give torch's decode steps, or None to leave torch's own choice (OMP_NUM_THREADS set).
 
     ``available``: torch's default thread count here. Raises ValueError naming the variable."""
-    n = _count(env, "KVSHARE_CPU_THREADS", "one core fewer than the machine's")
+    n = _count(env, "KVSHARE_CPU_THREADS", "every core up to two, else one core fewer than the machine's")
     if n:
         return n
     if env.get("KVSHARE_CPU_THREADS", "").strip() == "" and env.get("OMP_NUM_THREADS"):
         return None
-    return max(1, available - 1)
+    return default_decode_threads(available)
+
+
+def default_decode_threads(available: int) -> int:
+    """Every core on a machine of one or two, one fewer than ``available`` above that."""
+    return available if available <= 2 else available - 1
 
 
 def server_step_threads(env: Mapping[str, str], available: int) -> StepThreads | None:

@@ -135,9 +135,9 @@ class LLMEngineModel:
             if step_threads is not None:
                 torch.set_num_threads(step_threads.decode)
                 log.info("CPU engine: %d torch threads for decode steps, %d for steps with a prompt, of %d cores "
-                         "(decode leaves one core to the server's own threads; KVSHARE_CPU_THREADS, "
-                         "KVSHARE_CPU_PREFILL_THREADS or OMP_NUM_THREADS set them)", step_threads.decode,
-                         step_threads.prefill, cores())
+                         "(by default every core up to two, else decode leaves one to the server's own threads; "
+                         "KVSHARE_CPU_THREADS, KVSHARE_CPU_PREFILL_THREADS or OMP_NUM_THREADS set them)",
+                         step_threads.decode, step_threads.prefill, cores())
             else:
                 log.info("CPU engine: %d torch threads of %d cores (OMP_NUM_THREADS)", torch.get_num_threads(), cores())
         log.info("starting the kvshare engine: %s (overlap scheduling %s; %s; code in %s)", config,

@@ -1,5 +1,6 @@
 """server_cpu_threads / server_step_threads: the CPU engine's torch threads inside the server (decode
-steps leave one core to the server, steps with a prompt take every core by default;
+steps take both cores of a 2-core machine and leave one to the server on a larger one, steps with a
+prompt take every core by default;
 KVSHARE_CPU_THREADS, KVSHARE_CPU_PREFILL_THREADS or OMP_NUM_THREADS decide otherwise; a bad value
 is refused by name)."""
 from __future__ import annotations
@@ -9,13 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvshare.runtime.step_threads import StepThreads
-from kvshare.triton_adapter.cpu_threads import cores, server_cpu_threads, server_step_threads
+from kvshare.triton_adapter.cpu_threads import cores, default_decode_threads, server_cpu_threads, server_step_threads
 
 
 @given(st.integers(1, 512))
-def test_the_default_leaves_one_core_and_keeps_at_least_one(available):
-    assert server_cpu_threads({}, available) == max(1, available - 1)
-    assert server_cpu_threads({"KVSHARE_CPU_THREADS": "0"}, available) == max(1, available - 1)
+def test_the_default_leaves_one_core_above_two(available):
+    want = available if available <= 2 else available - 1
+    assert server_cpu_threads({}, available) == want == default_decode_threads(available)
+    assert server_cpu_threads({"KVSHARE_CPU_THREADS": "0"}, available) == want
+    assert server_cpu_threads({}, 2) == 2 and server_cpu_threads({}, 3) == 2
 
 
 @given(st.integers(1, 512), st.integers(1, 512))
@@ -52,13 +55,14 @@ def test_cores_counts_this_process():
 
 @given(st.integers(1, 512))
 def test_prompt_steps_take_every_core_by_default(available):
-    assert server_step_threads({}, available) == StepThreads(decode=max(1, available - 1), prefill=available)
+    want = StepThreads(decode=default_decode_threads(available), prefill=available)
+    assert server_step_threads({}, available) == want
 
 
 @given(st.integers(1, 512), st.integers(0, 512), st.integers(0, 512))
 def test_explicit_counts_set_each_kind(available, decode, prefill):
     env = {"KVSHARE_CPU_THREADS": str(decode), "KVSHARE_CPU_PREFILL_THREADS": str(prefill), "OMP_NUM_THREADS": "3"}
-    assert server_step_threads(env, available) == StepThreads(decode=decode or max(1, available - 1),
+    assert server_step_threads(env, available) == StepThreads(decode=decode or default_decode_threads(available),
                                                               prefill=prefill or available)
 
 
