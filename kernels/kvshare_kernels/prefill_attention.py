@@ -455,19 +455,17 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     group = hq // hkv
     block_g = triton.next_power_of_2(group)
     launch = default_launch(page_size, k_cache.dtype, d, q.device, new_kv=new_kv)
+    block_mt = tokens_per_tile(hq, hkv, block_m or launch.block_m)   # query tokens per program (a work list's)
+    if tiles is not None and checks.debug_enabled(debug):
+        checks.check_tile_values(tiles, query_start_loc, block_mt)
     if page_copies and new_kv and launch == NEW_KV_LAUNCH and not any((block_m, block_n, num_warps, num_stages, tma)):
-        from . import prefill_pages_tma
+        from . import prefill_pages_tma     # its rows per program are NEW_KV_LAUNCH's: the same work lists
 
         if prefill_pages_tma.applies(k_cache, v_cache, q):
-            if tiles is not None and checks.debug_enabled(debug):
-                checks.check_tile_values(tiles, query_start_loc, tokens_per_tile(hq, hkv, prefill_pages_tma.BLOCK_M))
             return prefill_pages_tma.paged_prefill_pages_tma(q, k_cache, v_cache, page_table, query_start_loc,
                                                              context_lens, scale, k_new, v_new, out, tiles=tiles,
                                                              max_query_len=max_query_len)
-    block_mt = tokens_per_tile(hq, hkv, block_m or launch.block_m)   # query tokens per program (a work list's)
     if tiles is not None:
-        if checks.debug_enabled(debug):
-            checks.check_tile_values(tiles, query_start_loc, block_mt)
         grid = (tiles.shape[0], hkv)
     else:
         max_query_len = t if max_query_len is None else max_query_len

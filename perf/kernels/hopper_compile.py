@@ -178,8 +178,12 @@ def _cascade(pool: str, shape: str, page: int) -> None:
     cascade_decode_attention(q, k, v, table, ctx, plan, 0.088, **scales)
 
 
-def _prefill(pool: str, shape: str, page: int, new_kv: bool, tiles: bool) -> None:
+def _prefill(pool: str, shape: str, page: int, new_kv: bool, tiles: bool, gluon: bool = False) -> None:
+    """paged_prefill_attention as the engine launches it; gluon: the kernel that copies a prefix tile
+    page by page (prefill_pages_tma.py) on the same inputs, called directly (on CPU tensors the
+    entry point's page_copies would fall back to the Triton launch)."""
     from kvshare_kernels import prefill_attention as pa
+    from kvshare_kernels import prefill_pages_tma as ppt
     from kvshare_kernels.kernels import paged_prefill_attention
     from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
 
@@ -192,33 +196,13 @@ def _prefill(pool: str, shape: str, page: int, new_kv: bool, tiles: bool) -> Non
     q = torch.zeros(t, hq, HEAD_DIM, dtype=dtype)
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     kw = dict(scales)
-    if new_kv:
+    if new_kv or gluon:
         kw.update(k_new=torch.zeros(t, hkv, HEAD_DIM, dtype=dtype), v_new=torch.zeros(t, hkv, HEAD_DIM, dtype=dtype))
     if tiles:
-        launch = pa.default_launch(page, k.dtype, HEAD_DIM, q.device, new_kv=new_kv)
-        per_tile = tokens_per_tile(hq, hkv, launch.block_m)
-        kw["tiles"] = torch.from_numpy(plan_tiles(q_lens, ctx_lens, per_tile, capacity=64))
-    paged_prefill_attention(q, k, v, _table(len(q_lens), per), qsl, torch.tensor(ctx_lens, dtype=torch.int32), 0.088,
-                            **kw)
-
-
-def _prefill_pages_tma(pool: str, shape: str, page: int, tiles: bool) -> None:
-    """The Gluon kernel that copies a prefix tile page by page (prefill_pages_tma.py)."""
-    from kvshare_kernels.prefill_pages_tma import BLOCK_M, paged_prefill_pages_tma
-    from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
-
-    hq, hkv = SHAPES[shape]
-    q_lens, ctx_lens = [512, 300, 1], [2560, 300, 4097]
-    t = sum(q_lens)
-    per = -(-max(ctx_lens) // page)
-    k, v, _ = _pool(pool, len(q_lens) * per, page, hkv)
-    q = torch.zeros(t, hq, HEAD_DIM, dtype=k.dtype)
-    step_k, step_v = torch.zeros(t, hkv, HEAD_DIM, dtype=k.dtype), torch.zeros(t, hkv, HEAD_DIM, dtype=k.dtype)
-    work = None
-    if tiles:
-        work = torch.from_numpy(plan_tiles(q_lens, ctx_lens, tokens_per_tile(hq, hkv, BLOCK_M), capacity=64))
-    paged_prefill_pages_tma(q, k, v, _table(len(q_lens), per), torch.tensor([0, 512, 812, 813], dtype=torch.int32),
-                            torch.tensor(ctx_lens, dtype=torch.int32), 0.088, step_k, step_v, tiles=work)
+        block_m = ppt.BLOCK_M if gluon else pa.default_launch(page, k.dtype, HEAD_DIM, q.device, new_kv=new_kv).block_m
+        kw["tiles"] = torch.from_numpy(plan_tiles(q_lens, ctx_lens, tokens_per_tile(hq, hkv, block_m), capacity=64))
+    launch = ppt.paged_prefill_pages_tma if gluon else paged_prefill_attention
+    launch(q, k, v, _table(len(q_lens), per), qsl, torch.tensor(ctx_lens, dtype=torch.int32), 0.088, **kw)
 
 
 def _write(pool: str, shape: str, page: int, fused_rotary: bool) -> None:
@@ -291,9 +275,9 @@ def cases() -> dict[str, Callable[[], None]]:
                     out[f"prefill {pool} {shape} page {page} TMA, work list"] = (
                         lambda p=pool, s=shape, g=page: _prefill(p, s, g, False, True))
                 out[f"prefill {pool} {shape} page 16, a copy per page (Gluon), work list"] = (
-                    lambda p=pool, s=shape: _prefill_pages_tma(p, s, 16, True))
+                    lambda p=pool, s=shape: _prefill(p, s, 16, True, True, gluon=True))
                 out[f"prefill {pool} {shape} page 64, a copy per page (Gluon), grid"] = (
-                    lambda p=pool, s=shape: _prefill_pages_tma(p, s, 64, False))
+                    lambda p=pool, s=shape: _prefill(p, s, 64, True, False, gluon=True))
     out["rms_norm, silu_and_mul, rotary_embedding"] = _elementwise
     out["copy_pages, copy_page_tensors"] = _copies
     return out

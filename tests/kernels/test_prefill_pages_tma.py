@@ -23,15 +23,22 @@ pytestmark = [
 REQS = [(300, 300), (700, 37), (129, 1), (9, 0), (1000, 200), (256, 128), (4096, 512), (143, 15)]
 
 
-def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed):
-    from kvshare_kernels.prefill_pages_tma import BLOCK_M, applies, paged_prefill_pages_tma
-    from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
-
+def _inputs(reqs, page_size, hq, hkv, d, dtype, seed):
+    """make_new_kv_case's pools and step K/V, the queries and their start offsets, on the GPU."""
     case, k_new, v_new = make_new_kv_case(reqs, page_size, hq, hkv, d, dtype, "cuda", seed=seed)
     q_lens = [m for _, m in reqs]
     qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     q = torch.randn(sum(q_lens), hq, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    q = q.to(dtype).cuda()
+    return case, k_new, v_new, q.to(dtype).cuda(), qsl
+
+
+def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed):
+    """The kernel on _inputs, checked against dense attention request by request; (out, inputs)."""
+    from kvshare_kernels.prefill_pages_tma import BLOCK_M, applies, paged_prefill_pages_tma
+    from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
+
+    case, k_new, v_new, q, qsl = inputs = _inputs(reqs, page_size, hq, hkv, d, dtype, seed)
+    q_lens = [m for _, m in reqs]
     assert applies(case.k_cache, case.v_cache, q)
     tiles = None
     if tiled:   # a graph's work list: more entries than blocks, the rest idle
@@ -47,7 +54,7 @@ def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed):
             ref = dense_attention(q[s:s + m], case.dense_k[i], case.dense_v[i], d ** -0.5)
             err = rel_err(out[s:s + m], ref)
             assert err < TOL[dtype], f"request {i} (ctx {n}, q_len {m}): rel err {err:.2e}"
-    return out
+    return out, inputs
 
 
 @pytest.mark.parametrize("page_size", [16, 32, 64])
@@ -68,12 +75,7 @@ def test_gives_the_triton_kernels_answer_on_the_engines_shapes():
     from kvshare_kernels import kernels
 
     reqs = [(2560, 512), (2048, 2048), (8192 + 1024, 1024)]
-    out = _run(reqs, 16, 32, 8, 128, torch.bfloat16, True, seed=5)
-    case, k_new, v_new = make_new_kv_case(reqs, 16, 32, 8, 128, torch.bfloat16, "cuda", seed=5)
-    q_lens = [m for _, m in reqs]
-    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    q = torch.randn(sum(q_lens), 32, 128, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    q = q.to(torch.bfloat16).cuda()
+    out, (case, k_new, v_new, q, qsl) = _run(reqs, 16, 32, 8, 128, torch.bfloat16, True, seed=5)
     triton_out = kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl,
                                                  case.context_lens, 128 ** -0.5, k_new=k_new, v_new=v_new)
     assert rel_err(out, triton_out) < TOL[torch.bfloat16]
@@ -103,11 +105,7 @@ def test_the_engines_entry_point_routes_to_it_when_asked():
     from kvshare_kernels import kernels
     from kvshare_kernels.prefill_pages_tma import paged_prefill_pages_tma
 
-    reqs = REQS[:6]
-    case, k_new, v_new = make_new_kv_case(reqs, 16, 8, 2, 128, torch.bfloat16, "cuda", seed=21)
-    q_lens = [m for _, m in reqs]
-    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    q = torch.randn(sum(q_lens), 8, 128, device="cuda", dtype=torch.bfloat16)
+    case, k_new, v_new, q, qsl = _inputs(REQS[:6], 16, 8, 2, 128, torch.bfloat16, seed=21)
     args = (q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, 128 ** -0.5)
     routed = kernels.paged_prefill_attention(*args, k_new=k_new, v_new=v_new, page_copies=True)
     direct = paged_prefill_pages_tma(*args, k_new, v_new)
