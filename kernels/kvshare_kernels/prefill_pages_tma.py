@@ -32,7 +32,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 from .prefill_tiles import IDLE, tokens_per_tile
 
@@ -41,6 +42,8 @@ LOG2E = 1.4426950408889634
 BLOCK_M = 128
 BLOCK_N = 128
 NUM_WARPS = 8
+# Each tile's Q K^T and P V one after the other, until a GPU run shows the overlapped order ahead.
+OVERLAP = False
 IDLE_TILE: gl.constexpr = gl.constexpr(IDLE)
 # The bulk copy's name: async_copy_global_to_shared in the GPU image's Triton 3.6, async_load since.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -56,23 +59,45 @@ def _page_rows(pt_row, i, n_pre, n_pages, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.c
 
 
 @gluon.jit
-def _issue_tile(i, rows, n_pre, q_start, kv_col, k_desc, v_desc, kn_desc, vn_desc, k_buf, v_buf, bar,
-                BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, TILE_BYTES: gl.constexpr):
-    """Starts the copies of tile i into k_buf/v_buf, completing on bar: a prefix tile one page at a
-    time from `rows` (_page_rows, read an iteration earlier), or one of the chunk's own tiles from
-    the step's rows in one copy per operand."""
-    mbarrier.expect(bar, 2 * TILE_BYTES)
+def _issue_copies(i, rows, n_pre, q_start, kv_col, desc, new_desc, buf, bar,
+                  BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Starts the copies of one operand (K or V) of tile i into buf, completing on bar (whose expected
+    bytes are the caller's): a prefix tile one page at a time from `rows` (_page_rows, read an
+    iteration earlier), or one of the chunk's own tiles from the step's rows in one copy."""
     if i < n_pre:
         which = gl.arange(0, BLOCK_N // PAGE_SIZE, layout=rows.type.layout)
         for p in gl.static_range(BLOCK_N // PAGE_SIZE):
             # every thread holds every row: the sum picks one in registers, with no shuffle
             row = gl.sum(gl.where(which == p, rows, 0), axis=0)
-            _tma_load(k_desc, [row, kv_col], bar, k_buf.slice(p * PAGE_SIZE, PAGE_SIZE))
-            _tma_load(v_desc, [row, kv_col], bar, v_buf.slice(p * PAGE_SIZE, PAGE_SIZE))
+            _tma_load(desc, [row, kv_col], bar, buf.slice(p * PAGE_SIZE, PAGE_SIZE))
     else:
-        row = q_start + (i - n_pre) * BLOCK_N
-        _tma_load(kn_desc, [row, kv_col], bar, k_buf)
-        _tma_load(vn_desc, [row, kv_col], bar, v_buf)
+        _tma_load(new_desc, [q_start + (i - n_pre) * BLOCK_N, kv_col], bar, buf)
+
+
+@gluon.jit
+def _zero_unused_v_rows(v_buf, i, n_pre, prefix, q_len, n_io, io_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Rows past the prefix's end (other slots of its last page, the clamped pages) or past the chunk
+    (the next request, a graph's padding) may hold anything, NaN included: their probabilities are 0,
+    and 0 * NaN would still reach the output, so tile i's V rows there are zeroed. One tile per
+    program at most, the others are whole."""
+    valid = gl.where(i < n_pre, prefix - i * BLOCK_N, q_len - (i - n_pre) * BLOCK_N)
+    if valid < BLOCK_N:
+        v_tile = v_buf.load(io_layout)
+        v_tile = gl.where((n_io < valid)[:, None], v_tile, gl.zeros_like(v_tile))
+        v_buf.store(v_tile)
+        fence_async_shared()
+
+
+@gluon.jit
+def _masked_scores(s, i, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N: gl.constexpr):
+    """Tile i's scores with -inf where a key is past the prefix's end (the prefix's last tile) or after
+    the row's token or past the chunk (the chunk's diagonal tiles); other tiles as they are."""
+    if (i == n_pre - 1) & (prefix % BLOCK_N != 0):
+        s = gl.where((i * BLOCK_N + c_s < prefix)[None, :], s, float("-inf"))
+    elif i >= first_masked:
+        j = (i - n_pre) * BLOCK_N + c_s
+        s = gl.where((j[None, :] <= tok_s[:, None]) & (j < q_len)[None, :], s, float("-inf"))
+    return s
 
 
 @gluon.jit
@@ -81,7 +106,7 @@ def _prefill_pages_tma_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_ptb,
     GROUP: gl.constexpr, BLOCK_G: gl.constexpr, BLOCK_MT: gl.constexpr, BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, TILED: gl.constexpr,
-    num_warps: gl.constexpr,
+    OVERLAP: gl.constexpr, num_warps: gl.constexpr,
 ):
     if TILED:
         tile = gl.program_id(0)
@@ -122,9 +147,10 @@ def _prefill_pages_tma_kernel(
     q_buf = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_smem, q)
     k_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile_smem)
     v_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile_smem)
-    bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for stage in gl.static_range(2):
-        mbarrier.init(bars.index(stage), count=1)
+    # barriers 0-1: each stage's K (and V, unless OVERLAP); 2-3: each stage's V with OVERLAP
+    bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(4):
+        mbarrier.init(bars.index(j), count=1)
     fence_async_shared()        # Q's stores and the barriers' init, before the async proxy reads them
 
     # Tiles: the prefix's ceil(prefix / BLOCK_N) through the page table (the last one masked at
@@ -139,57 +165,112 @@ def _prefill_pages_tma_kernel(
     kv_col = kvh * HEAD_DIM
 
     n_io = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, io_layout))
-    r_s = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     c_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    tok_s = tok_first + r_s // BLOCK_G
+    tok_s = tok_first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout)) // BLOCK_G
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
-    # Page ids are read an iteration before their copies are issued, so that no copy waits on a
-    # table read of its own iteration (as prefill_attention.py's PREFETCH).
-    rows = _page_rows(pt_row, 0, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
-    _issue_tile(0, rows, n_pre, q_start, kv_col, k_desc, v_desc, kn_desc, vn_desc, k_bufs.index(0), v_bufs.index(0),
-                bars.index(0), BLOCK_N, PAGE_SIZE, TILE_BYTES)
-    rows = _page_rows(pt_row, 1, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
-    for i in range(n_tiles):
-        slot = i % 2
-        if i + 1 < n_tiles:
-            # the other stage's last reader, tile i - 1's wgmma, was waited for in its iteration
-            _issue_tile(i + 1, rows, n_pre, q_start, kv_col, k_desc, v_desc, kn_desc, vn_desc,
-                        k_bufs.index(1 - slot), v_bufs.index(1 - slot), bars.index(1 - slot), BLOCK_N, PAGE_SIZE,
-                        TILE_BYTES)
-            rows = _page_rows(pt_row, i + 2, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
-        mbarrier.wait(bars.index(slot), (i // 2) & 1)
-        k_buf = k_bufs.index(slot)
-        v_buf = v_bufs.index(slot)
-        # Rows past the prefix's end (other slots of its last page, the clamped pages) or past the
-        # chunk (the next request, a graph's padding) may hold anything, NaN included: their
-        # probabilities are 0, and 0 * NaN would still reach the output, so V's are zeroed. One
-        # tile per program at most, the others are whole.
-        valid = gl.where(i < n_pre, prefix - i * BLOCK_N, q_len - (i - n_pre) * BLOCK_N)
-        if valid < BLOCK_N:
-            v_tile = v_buf.load(io_layout)
-            v_tile = gl.where((n_io < valid)[:, None], v_tile, gl.zeros_like(v_tile))
-            v_buf.store(v_tile)
-            fence_async_shared()
-        s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+    if OVERLAP:
+        # FlashAttention 3's order within a warpgroup: tile i's Q K^T is issued before tile i-1's
+        # P V, and tile i's softmax runs while that P V is on the tensor cores. K and V have barriers
+        # of their own: a K stage is refilled once its Q K^T is done (two tiles ahead), a V stage
+        # once its P V is (one tile ahead of the next P V).
+        for j in gl.static_range(2):    # tiles 0 and 1, K and V
+            rows = _page_rows(pt_row, j, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
+            if j < n_tiles:
+                mbarrier.expect(bars.index(j), TILE_BYTES)
+                _issue_copies(j, rows, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(j), bars.index(j),
+                              BLOCK_N, PAGE_SIZE)
+                mbarrier.expect(bars.index(2 + j), TILE_BYTES)
+                _issue_copies(j, rows, n_pre, q_start, kv_col, v_desc, vn_desc, v_bufs.index(j), bars.index(2 + j),
+                              BLOCK_N, PAGE_SIZE)
+        rows = _page_rows(pt_row, 2, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
+        mbarrier.wait(bars.index(0), 0)
+        s = warpgroup_mma(q_buf, k_bufs.index(0).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                           use_acc=False)
-        if (i == n_pre - 1) & (prefix % BLOCK_N != 0):
-            s = gl.where((i * BLOCK_N + c_s < prefix)[None, :], s, float("-inf"))
-        elif i >= first_masked:
-            j = (i - n_pre) * BLOCK_N + c_s
-            s = gl.where((j[None, :] <= tok_s[:, None]) & (j < q_len)[None, :], s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
-        p = gl.exp2(s * scale_log2 - m_new[:, None])
-        alpha = gl.exp2(m_i - m_new)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_buf, acc)
+        if n_tiles > 2:
+            mbarrier.expect(bars.index(0), TILE_BYTES)
+            _issue_copies(2, rows, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(0), bars.index(0),
+                          BLOCK_N, PAGE_SIZE)
+        s = _masked_scores(s, 0, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
+        m_i = gl.max(s, axis=1) * scale_log2
+        p = gl.exp2(s * scale_log2 - m_i[:, None])
+        l_i = gl.sum(p, axis=1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        # entering iteration i: tile i-1's probabilities in p_op, its V copies issued; tile i's K too
+        for i in range(1, n_tiles):
+            slot = i % 2
+            prev = 1 - slot
+            # page ids read well before their copies are issued: tile i+2's K's after Q K^T is done,
+            # tile i+1's V's after P V (registers forbid holding them across iterations)
+            rows_k = _page_rows(pt_row, i + 2, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
+            # tile i-1's V before tile i's Q K^T: zeroing its unused rows while an accumulator is in
+            # flight would hold registers for both (and spill)
+            mbarrier.wait(bars.index(2 + prev), ((i - 1) // 2) & 1)
+            _zero_unused_v_rows(v_bufs.index(prev), i - 1, n_pre, prefix, q_len, n_io, io_layout, BLOCK_N)
+            mbarrier.wait(bars.index(slot), (i // 2) & 1)
+            s_tok = warpgroup_mma(q_buf, k_bufs.index(slot).permute((1, 0)),
+                                  gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            acc_tok = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
+            s, acc_tok = warpgroup_mma_wait(1, deps=[s_tok, acc_tok])
+            if i + 2 < n_tiles:     # tile i's K stage is free: tile i + 2's K
+                mbarrier.expect(bars.index(slot), TILE_BYTES)
+                _issue_copies(i + 2, rows_k, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(slot),
+                              bars.index(slot), BLOCK_N, PAGE_SIZE)
+            rows_v = _page_rows(pt_row, i + 1, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
+            s = _masked_scores(s, i, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
+            p = gl.exp2(s * scale_log2 - m_new[:, None])
+            alpha = gl.exp2(m_i - m_new)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            if i + 1 < n_tiles:     # tile i-1's V stage is free: tile i + 1's V
+                mbarrier.expect(bars.index(2 + prev), TILE_BYTES)
+                _issue_copies(i + 1, rows_v, n_pre, q_start, kv_col, v_desc, vn_desc, v_bufs.index(prev),
+                              bars.index(2 + prev), BLOCK_N, PAGE_SIZE)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        last = n_tiles - 1
+        mbarrier.wait(bars.index(2 + last % 2), (last // 2) & 1)
+        _zero_unused_v_rows(v_bufs.index(last % 2), last, n_pre, prefix, q_len, n_io, io_layout, BLOCK_N)
+        acc = warpgroup_mma(p_op, v_bufs.index(last % 2), acc)
+    else:
+        # Page ids are read an iteration before their copies are issued, so that no copy waits on a
+        # table read of its own iteration (as prefill_attention.py's PREFETCH).
+        rows = _page_rows(pt_row, 0, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
+        mbarrier.expect(bars.index(0), 2 * TILE_BYTES)
+        _issue_copies(0, rows, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(0), bars.index(0),
+                      BLOCK_N, PAGE_SIZE)
+        _issue_copies(0, rows, n_pre, q_start, kv_col, v_desc, vn_desc, v_bufs.index(0), bars.index(0),
+                      BLOCK_N, PAGE_SIZE)
+        rows = _page_rows(pt_row, 1, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
+        for i in range(n_tiles):
+            slot = i % 2
+            if i + 1 < n_tiles:
+                # the other stage's last reader, tile i - 1's wgmma, was waited for in its iteration
+                mbarrier.expect(bars.index(1 - slot), 2 * TILE_BYTES)
+                _issue_copies(i + 1, rows, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(1 - slot),
+                              bars.index(1 - slot), BLOCK_N, PAGE_SIZE)
+                _issue_copies(i + 1, rows, n_pre, q_start, kv_col, v_desc, vn_desc, v_bufs.index(1 - slot),
+                              bars.index(1 - slot), BLOCK_N, PAGE_SIZE)
+                rows = _page_rows(pt_row, i + 2, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
+            mbarrier.wait(bars.index(slot), (i // 2) & 1)
+            _zero_unused_v_rows(v_bufs.index(slot), i, n_pre, prefix, q_len, n_io, io_layout, BLOCK_N)
+            s = warpgroup_mma(q_buf, k_bufs.index(slot).permute((1, 0)),
+                              gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False)
+            s = _masked_scores(s, i, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
+            p = gl.exp2(s * scale_log2 - m_new[:, None])
+            alpha = gl.exp2(m_i - m_new)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_bufs.index(slot), acc)
 
-    for stage in gl.static_range(2):
-        mbarrier.invalidate(bars.index(stage))
+    for j in gl.static_range(4):
+        mbarrier.invalidate(bars.index(j))
     out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
     out = gl.convert_layout(out.to(dtype), io_layout)
     o_rows = (q_start + tok_io).to(gl.int64) * stride_ot + (kvh * GROUP + g_io) * stride_oh
@@ -220,11 +301,13 @@ _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 def paged_prefill_pages_tma(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                             query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
                             k_new: torch.Tensor, v_new: torch.Tensor, out: torch.Tensor | None = None, *,
-                            tiles: torch.Tensor | None = None, max_query_len: int | None = None) -> torch.Tensor:
+                            tiles: torch.Tensor | None = None, max_query_len: int | None = None,
+                            overlap: bool = OVERLAP) -> torch.Tensor:
     """paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, context_lens, scale,
     out, k_new=k_new, v_new=v_new, tiles=tiles) for a pool that ``applies``; the same shapes and
     argument checks are the caller's (paged_prefill_attention makes them). A work list must be built
-    with ``tokens_per_tile(Hq, Hkv, BLOCK_M)``."""
+    with ``tokens_per_tile(Hq, Hkv, BLOCK_M)``. overlap: tile i's Q K^T and softmax beside tile i-1's
+    P V (FlashAttention 3's order), or each tile's two products one after the other."""
     t, hq, d = q.shape
     num_pages, page_size, hkv, _ = k_cache.shape
     nb = page_table.shape[0]
@@ -248,7 +331,7 @@ def paged_prefill_pages_tma(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         k_desc, v_desc, kn_desc, vn_desc, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=BLOCK_N, HEAD_DIM=d,
-        PAGE_SIZE=page_size, TILED=tiles is not None, num_warps=NUM_WARPS,
+        PAGE_SIZE=page_size, TILED=tiles is not None, OVERLAP=overlap, num_warps=NUM_WARPS,
     )
     return out
 

@@ -256,7 +256,7 @@ SUITES: tuple[Suite, ...] = (
                  ("decode-short.json", "decode-short.md")),
            # page-16 prefill: the Triton launches, the Gluon kernel that copies a tile page by page,
            # the TMA tiles of larger pages and the dense ceiling (FA3 only with vLLM: peer-serving's stage)
-           Stage("pages-tma", PAGES_TMA_TESTS, 150),
+           Stage("pages-tma", PAGES_TMA_TESTS, 300),
            Stage("prefill-ceiling", (PY, "perf/kernels/bench_prefill_ceiling.py", "--json",
                                      "{out}/prefill-ceiling.json", "--md", "{out}/prefill-ceiling.md"), 400,
                  ("prefill-ceiling.json", "prefill-ceiling.md"), needs=("tests", "pages-tma"))),

@@ -178,7 +178,8 @@ def _cascade(pool: str, shape: str, page: int) -> None:
     cascade_decode_attention(q, k, v, table, ctx, plan, 0.088, **scales)
 
 
-def _prefill(pool: str, shape: str, page: int, new_kv: bool, tiles: bool, gluon: bool = False) -> None:
+def _prefill(pool: str, shape: str, page: int, new_kv: bool, tiles: bool, gluon: bool = False,
+             overlap: bool = False) -> None:
     """paged_prefill_attention as the engine launches it; gluon: the kernel that copies a prefix tile
     page by page (prefill_pages_tma.py) on the same inputs, called directly (on CPU tensors the
     entry point's page_copies would fall back to the Triton launch)."""
@@ -201,6 +202,8 @@ def _prefill(pool: str, shape: str, page: int, new_kv: bool, tiles: bool, gluon:
     if tiles:
         block_m = ppt.BLOCK_M if gluon else pa.default_launch(page, k.dtype, HEAD_DIM, q.device, new_kv=new_kv).block_m
         kw["tiles"] = torch.from_numpy(plan_tiles(q_lens, ctx_lens, tokens_per_tile(hq, hkv, block_m), capacity=64))
+    if gluon:
+        kw["overlap"] = overlap
     launch = ppt.paged_prefill_pages_tma if gluon else paged_prefill_attention
     launch(q, k, v, _table(len(q_lens), per), qsl, torch.tensor(ctx_lens, dtype=torch.int32), 0.088, **kw)
 
@@ -278,6 +281,8 @@ def cases() -> dict[str, Callable[[], None]]:
                     lambda p=pool, s=shape: _prefill(p, s, 16, True, True, gluon=True))
                 out[f"prefill {pool} {shape} page 64, a copy per page (Gluon), grid"] = (
                     lambda p=pool, s=shape: _prefill(p, s, 64, True, False, gluon=True))
+                out[f"prefill {pool} {shape} page 16, a copy per page (Gluon), overlapped products, work list"] = (
+                    lambda p=pool, s=shape: _prefill(p, s, 16, True, True, gluon=True, overlap=True))
     out["rms_norm, silu_and_mul, rotary_embedding"] = _elementwise
     out["copy_pages, copy_page_tensors"] = _copies
     return out

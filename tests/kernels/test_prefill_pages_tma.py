@@ -32,7 +32,7 @@ def _inputs(reqs, page_size, hq, hkv, d, dtype, seed):
     return case, k_new, v_new, q.to(dtype).cuda(), qsl
 
 
-def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed):
+def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed, overlap=False):
     """The kernel on _inputs, checked against dense attention request by request; (out, inputs)."""
     from kvshare_kernels.prefill_pages_tma import BLOCK_M, applies, paged_prefill_pages_tma
     from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
@@ -47,7 +47,7 @@ def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed):
                                             capacity=sum(-(-m // per_tile) for m in q_lens) + 5)).cuda()
     out = torch.full_like(q, float("nan"))
     paged_prefill_pages_tma(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, d ** -0.5,
-                            k_new, v_new, out, tiles=tiles, max_query_len=max(q_lens))
+                            k_new, v_new, out, tiles=tiles, max_query_len=max(q_lens), overlap=overlap)
     for i, (n, m) in enumerate(reqs):
         if m:
             s = int(qsl[i])
@@ -60,22 +60,25 @@ def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed):
 @pytest.mark.parametrize("page_size", [16, 32, 64])
 @pytest.mark.parametrize("hq,hkv", [(8, 2), (4, 4), (6, 2)])      # GQA, MHA, a group of 3 padded to 4 rows
 @pytest.mark.parametrize("tiled", [True, False], ids=["work-list", "grid"])
-def test_matches_dense_attention(page_size, hq, hkv, tiled):
-    _run(REQS, page_size, hq, hkv, 128, torch.bfloat16, tiled, seed=page_size + hq)
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
+def test_matches_dense_attention(page_size, hq, hkv, tiled, overlap):
+    _run(REQS, page_size, hq, hkv, 128, torch.bfloat16, tiled, seed=page_size + hq, overlap=overlap)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [64, 128])
-def test_dtypes_and_head_dims(dtype, d):
-    _run(REQS[:6], 16, 8, 2, d, dtype, True, seed=d)
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
+def test_dtypes_and_head_dims(dtype, d, overlap):
+    _run(REQS[:6], 16, 8, 2, d, dtype, True, seed=d, overlap=overlap)
 
 
-def test_gives_the_triton_kernels_answer_on_the_engines_shapes():
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
+def test_gives_the_triton_kernels_answer_on_the_engines_shapes(overlap):
     """Llama-3-8B's heads at page 16, against the engine's Triton launch on the same inputs."""
     from kvshare_kernels import kernels
 
     reqs = [(2560, 512), (2048, 2048), (8192 + 1024, 1024)]
-    out, (case, k_new, v_new, q, qsl) = _run(reqs, 16, 32, 8, 128, torch.bfloat16, True, seed=5)
+    out, (case, k_new, v_new, q, qsl) = _run(reqs, 16, 32, 8, 128, torch.bfloat16, True, seed=5, overlap=overlap)
     triton_out = kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl,
                                                  case.context_lens, 128 ** -0.5, k_new=k_new, v_new=v_new)
     assert rel_err(out, triton_out) < TOL[torch.bfloat16]
