@@ -101,6 +101,16 @@ def _masked_scores(s, i, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N
 
 
 @gluon.jit
+def _online_softmax(s, m_i, l_i, scale_log2):
+    """One tile's step of the online softmax: (p, alpha, m, l) for scores s, where alpha rescales what
+    was accumulated under the running maximum m_i."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
+    p = gl.exp2(s * scale_log2 - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
 def _prefill_pages_tma_kernel(
     Q, O, PT, QSL, CTX, TILES, k_desc, v_desc, kn_desc, vn_desc, scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_ptb,
@@ -194,9 +204,7 @@ def _prefill_pages_tma_kernel(
             _issue_copies(2, rows, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(0), bars.index(0),
                           BLOCK_N, PAGE_SIZE)
         s = _masked_scores(s, 0, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
-        m_i = gl.max(s, axis=1) * scale_log2
-        p = gl.exp2(s * scale_log2 - m_i[:, None])
-        l_i = gl.sum(p, axis=1)
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, scale_log2)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         # entering iteration i: tile i-1's probabilities in p_op, its V copies issued; tile i's K too
         for i in range(1, n_tiles):
@@ -220,11 +228,7 @@ def _prefill_pages_tma_kernel(
                               bars.index(slot), BLOCK_N, PAGE_SIZE)
             rows_v = _page_rows(pt_row, i + 1, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
             s = _masked_scores(s, i, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
-            m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
-            p = gl.exp2(s * scale_log2 - m_new[:, None])
-            alpha = gl.exp2(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, scale_log2)
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             if i + 1 < n_tiles:     # tile i-1's V stage is free: tile i + 1's V
                 mbarrier.expect(bars.index(2 + prev), TILE_BYTES)
@@ -261,11 +265,7 @@ def _prefill_pages_tma_kernel(
             s = warpgroup_mma(q_buf, k_bufs.index(slot).permute((1, 0)),
                               gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False)
             s = _masked_scores(s, i, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
-            m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
-            p = gl.exp2(s * scale_log2 - m_new[:, None])
-            alpha = gl.exp2(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, scale_log2)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_bufs.index(slot), acc)
 
