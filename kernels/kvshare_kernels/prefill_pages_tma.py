@@ -42,11 +42,19 @@ LOG2E = 1.4426950408889634
 BLOCK_M = 128
 BLOCK_N = 128
 NUM_WARPS = 8
-# Each tile's Q K^T and P V one after the other, until a GPU run shows the overlapped order ahead.
-OVERLAP = False
+# How a program orders its copies and products: "serial" (each tile's Q K^T, softmax and P V in turn,
+# the next tile's copies in flight), "overlapped" (tile i's Q K^T and softmax beside tile i-1's P V)
+# or "producer" (the overlapped order, with a warp of its own issuing every copy). Serial until a
+# GPU run shows another ahead.
+ORDERS = ("serial", "overlapped", "producer")
+ORDER = "serial"
 IDLE_TILE: gl.constexpr = gl.constexpr(IDLE)
 # The bulk copy's name: async_copy_global_to_shared in the GPU image's Triton 3.6, async_load since.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# A barrier among the warps of one partition: thread_barrier in 3.6, barrier since.
+_thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+# The producer warp's registers (setmaxnreg): page ids and copy coordinates need few.
+PRODUCER_REGS: gl.constexpr = gl.constexpr(40)
 
 
 @gluon.jit
@@ -111,12 +119,83 @@ def _online_softmax(s, m_i, l_i, scale_log2):
 
 
 @gluon.jit
+def _produce_tiles(k_desc, v_desc, kn_desc, vn_desc, k_bufs, v_bufs, bars, pt_row, n_pre, n_pages, n_tiles,
+                   q_start, kv_col, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, TILE_BYTES: gl.constexpr):
+    """The producer warp (PRODUCER): every tile's K and V copies, each into its stage once the
+    consumers have released it (bars 4-5 / 6-7: K / V stage empty), completing on bars 0-1 / 2-3.
+    An empty barrier's first wait is on the phase before its first, which has completed."""
+    for i in range(n_tiles):
+        slot = i % 2
+        free = ((i // 2) & 1) ^ 1
+        rows = _page_rows(pt_row, i, n_pre, n_pages, BLOCK_N, PAGE_SIZE, 1)
+        mbarrier.wait(bars.index(4 + slot), free)
+        mbarrier.expect(bars.index(slot), TILE_BYTES)
+        _issue_copies(i, rows, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(slot), bars.index(slot),
+                      BLOCK_N, PAGE_SIZE)
+        mbarrier.wait(bars.index(6 + slot), free)
+        mbarrier.expect(bars.index(2 + slot), TILE_BYTES)
+        _issue_copies(i, rows, n_pre, q_start, kv_col, v_desc, vn_desc, v_bufs.index(slot), bars.index(2 + slot),
+                      BLOCK_N, PAGE_SIZE)
+
+
+@gluon.jit
+def _release(bar):
+    """Both consumer warpgroups are past their reads of a stage before the producer may refill it."""
+    _thread_barrier()
+    mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def _consume_tiles(q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, first_masked, c_s, tok_s, n_io,
+                   scale_log2, m_i, l_i, acc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, num_warps: gl.constexpr):
+    """The consumer warpgroups (PRODUCER): the overlapped order on the producer's tiles, each stage
+    released as soon as its last product is done; (acc, l) of the rows."""
+    dtype: gl.constexpr = q_buf.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    mbarrier.wait(bars.index(0), 0)
+    s = warpgroup_mma(q_buf, k_bufs.index(0).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                      use_acc=False)
+    _release(bars.index(4))
+    s = _masked_scores(s, 0, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
+    p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, scale_log2)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    for i in range(1, n_tiles):
+        slot = i % 2
+        prev = 1 - slot
+        mbarrier.wait(bars.index(2 + prev), ((i - 1) // 2) & 1)
+        _zero_unused_v_rows(v_bufs.index(prev), i - 1, n_pre, prefix, q_len, n_io, io_layout, BLOCK_N)
+        mbarrier.wait(bars.index(slot), (i // 2) & 1)
+        s_tok = warpgroup_mma(q_buf, k_bufs.index(slot).permute((1, 0)),
+                              gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        acc_tok = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
+        s, acc_tok = warpgroup_mma_wait(1, deps=[s_tok, acc_tok])
+        _release(bars.index(4 + slot))
+        s = _masked_scores(s, i, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, scale_log2)
+        acc = warpgroup_mma_wait(0, deps=[acc_tok])
+        _release(bars.index(6 + prev))
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+    last = n_tiles - 1
+    mbarrier.wait(bars.index(2 + last % 2), (last // 2) & 1)
+    _zero_unused_v_rows(v_bufs.index(last % 2), last, n_pre, prefix, q_len, n_io, io_layout, BLOCK_N)
+    acc = warpgroup_mma(p_op, v_bufs.index(last % 2), acc)
+    return acc, l_i
+
+
+@gluon.jit
 def _prefill_pages_tma_kernel(
     Q, O, PT, QSL, CTX, TILES, k_desc, v_desc, kn_desc, vn_desc, scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_ptb,
     GROUP: gl.constexpr, BLOCK_G: gl.constexpr, BLOCK_MT: gl.constexpr, BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, TILED: gl.constexpr,
-    OVERLAP: gl.constexpr, num_warps: gl.constexpr,
+    OVERLAP: gl.constexpr, PRODUCER: gl.constexpr, num_warps: gl.constexpr,
 ):
     if TILED:
         tile = gl.program_id(0)
@@ -157,9 +236,10 @@ def _prefill_pages_tma_kernel(
     q_buf = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_smem, q)
     k_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile_smem)
     v_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile_smem)
-    # barriers 0-1: each stage's K (and V, unless OVERLAP); 2-3: each stage's V with OVERLAP
-    bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(4):
+    # barriers 0-1: each stage's K full (and V, unless OVERLAP or PRODUCER); 2-3: its V full; with
+    # PRODUCER, 4-5 and 6-7: its K and V empty
+    bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(8):
         mbarrier.init(bars.index(j), count=1)
     fence_async_shared()        # Q's stores and the barriers' init, before the async proxy reads them
 
@@ -181,7 +261,16 @@ def _prefill_pages_tma_kernel(
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
-    if OVERLAP:
+    if PRODUCER:
+        # FlashAttention 3's split: one warp issues every copy, the two warpgroups only wait for tiles
+        # and multiply, in the overlapped order; the copies' barriers leave the consumers' path
+        acc, l_i = gl.warp_specialize(
+            [(_consume_tiles, (q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, first_masked, c_s, tok_s,
+                               n_io, scale_log2, m_i, l_i, acc, BLOCK_M, BLOCK_N, HEAD_DIM, num_warps)),
+             (_produce_tiles, (k_desc, v_desc, kn_desc, vn_desc, k_bufs, v_bufs, bars, pt_row, n_pre, n_pages,
+                               n_tiles, q_start, kv_col, BLOCK_N, PAGE_SIZE, TILE_BYTES))],
+            [1], [PRODUCER_REGS])
+    elif OVERLAP:
         # FlashAttention 3's order within a warpgroup: tile i's Q K^T is issued before tile i-1's
         # P V, and tile i's softmax runs while that P V is on the tensor cores. K and V have barriers
         # of their own: a K stage is refilled once its Q K^T is done (two tiles ahead), a V stage
@@ -269,7 +358,7 @@ def _prefill_pages_tma_kernel(
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_bufs.index(slot), acc)
 
-    for j in gl.static_range(4):
+    for j in gl.static_range(8):
         mbarrier.invalidate(bars.index(j))
     out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
     out = gl.convert_layout(out.to(dtype), io_layout)
@@ -302,12 +391,13 @@ def paged_prefill_pages_tma(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
                             k_new: torch.Tensor, v_new: torch.Tensor, out: torch.Tensor | None = None, *,
                             tiles: torch.Tensor | None = None, max_query_len: int | None = None,
-                            overlap: bool = OVERLAP) -> torch.Tensor:
+                            order: str = ORDER) -> torch.Tensor:
     """paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, context_lens, scale,
     out, k_new=k_new, v_new=v_new, tiles=tiles) for a pool that ``applies``; the same shapes and
     argument checks are the caller's (paged_prefill_attention makes them). A work list must be built
-    with ``tokens_per_tile(Hq, Hkv, BLOCK_M)``. overlap: tile i's Q K^T and softmax beside tile i-1's
-    P V (FlashAttention 3's order), or each tile's two products one after the other."""
+    with ``tokens_per_tile(Hq, Hkv, BLOCK_M)``; order: one of ORDERS."""
+    if order not in ORDERS:
+        raise ValueError(f"paged_prefill_pages_tma: order {order!r} is none of {ORDERS}")
     t, hq, d = q.shape
     num_pages, page_size, hkv, _ = k_cache.shape
     nb = page_table.shape[0]
@@ -331,7 +421,8 @@ def paged_prefill_pages_tma(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         k_desc, v_desc, kn_desc, vn_desc, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=BLOCK_N, HEAD_DIM=d,
-        PAGE_SIZE=page_size, TILED=tiles is not None, OVERLAP=overlap, num_warps=NUM_WARPS,
+        PAGE_SIZE=page_size, TILED=tiles is not None, OVERLAP=order == "overlapped", PRODUCER=order == "producer",
+        num_warps=NUM_WARPS,
     )
     return out
 

@@ -169,7 +169,7 @@ def _time(fn):
         return None
 
 
-def case(flash, hq, hkv, name, b, prefix, q_len):
+def case(flash, hq, hkv, name, b, prefix, q_len, orders=()):
     from kvshare_kernels import kernels
     from kvshare_kernels.prefill_attention import default_launch
 
@@ -220,10 +220,10 @@ def case(flash, hq, hkv, name, b, prefix, q_len):
         if ppt.applies(k16, v16, q):
             tlg = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, ppt.BLOCK_M)
             rec["pages_tma"] = {}
-            for label, overlap in (("in turn", False), ("overlapped", True)):   # the two products' order
+            for order in orders:    # copies and products in turn, overlapped, or with a producer warp
                 t = _time(lambda: ppt.paged_prefill_pages_tma(q, k16, v16, pt16, qsl, lens, scale, k_new, v_new,  # noqa: B023
-                                                              out, tiles=tlg, overlap=overlap))
-                rec["pages_tma"][f"128x128 w8 s2 {label}"] = dict(s=t, diff=diff() if t else None)
+                                                              out, tiles=tlg, order=order))
+                rec["pages_tma"][f"128x128 w8 s2 {order}"] = dict(s=t, diff=diff() if t else None)
     if flash is not None:
         rec["fa3_s"] = _time(lambda: flash(q, k16, v16, q_len, qsl, ctx, seqused_k=lens, softmax_scale=scale,
                                            causal=True, block_table=pt16, out=out, fa_version=3))
@@ -284,17 +284,26 @@ def main(argv=None):
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--pages-tma-orders", default="serial,overlapped,producer",
+                    help="the Gluon kernel's orders to time (those whose GPU tests passed: one that hangs would "
+                         "stop the whole table), or @FILE: the orders written there (none if it is missing)")
     a = ap.parse_args(argv)
     bc.set_dry_run(a.dry_run)
     if not a.dry_run and not torch.cuda.is_available():
         sys.exit("bench_prefill_ceiling: needs a CUDA GPU (or --dry-run)")
     flash, why = fa3()
+    orders = a.pages_tma_orders
+    if orders.startswith("@"):
+        path = Path(orders[1:])
+        orders = path.read_text().strip() if path.exists() else ""
+    orders = [o for o in orders.split(",") if o]
+    print(f"Gluon page-copy prefill, orders timed: {', '.join(orders) or 'none'}", flush=True)
     print(f"vLLM FA3: {'available' if flash else 'not available: ' + str(why)}", flush=True)
     records, rows, detail = [], [], []
     cases = CASES if not a.dry_run else [("prompt 1x32", 1, 0, 32), ("chunk 1x(16+16)", 1, 16, 16)]
     for hq, hkv in HEADS if not a.dry_run else [(4, 2)]:
         for name, b, prefix, q_len in cases:
-            r = case(flash, hq, hkv, name, b, prefix, q_len)
+            r = case(flash, hq, hkv, name, b, prefix, q_len, orders)
             records.append(r)
             dense = _best({k: v for k, v in r["dense"].items() if not k.endswith("ws")})
             dense_ws = _best({k: v for k, v in r["dense"].items() if k.endswith("ws")})
@@ -331,7 +340,7 @@ def main(argv=None):
                    "with every key read from the pool (the launch before) and its best tile (ids read ahead or not); "
                    "page 16 with the chunk's keys from the step's K/V, the engine's launch (128 x 128) and the best "
                    "tile; page 16 with each prefix tile assembled from one bulk copy per page (Gluon, "
-                   "prefill_pages_tma.py; the better of its two orders); larger pages with per-thread loads and with TMA (best config each, step K/V included); the "
+                   "prefill_pages_tma.py; the best of its three orders); larger pages with per-thread loads and with TMA (best config each, step K/V included); the "
                    "dense TMA kernel on contiguous K/V (best config, without and with warp specialisation); torch "
                    "SDPA (cuDNN, prompts); vLLM's FA3 on page 16",
                    ["heads", "case", "p16 pool", "p16 pool best", "p16 step K/V", "p16 step K/V best", "p16 Gluon"]

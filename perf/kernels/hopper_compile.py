@@ -179,7 +179,7 @@ def _cascade(pool: str, shape: str, page: int) -> None:
 
 
 def _prefill(pool: str, shape: str, page: int, new_kv: bool, tiles: bool, gluon: bool = False,
-             overlap: bool = False) -> None:
+             order: str = "serial") -> None:
     """paged_prefill_attention as the engine launches it; gluon: the kernel that copies a prefix tile
     page by page (prefill_pages_tma.py) on the same inputs, called directly (on CPU tensors the
     entry point's page_copies would fall back to the Triton launch)."""
@@ -203,7 +203,7 @@ def _prefill(pool: str, shape: str, page: int, new_kv: bool, tiles: bool, gluon:
         block_m = ppt.BLOCK_M if gluon else pa.default_launch(page, k.dtype, HEAD_DIM, q.device, new_kv=new_kv).block_m
         kw["tiles"] = torch.from_numpy(plan_tiles(q_lens, ctx_lens, tokens_per_tile(hq, hkv, block_m), capacity=64))
     if gluon:
-        kw["overlap"] = overlap
+        kw["order"] = order
     launch = ppt.paged_prefill_pages_tma if gluon else paged_prefill_attention
     launch(q, k, v, _table(len(q_lens), per), qsl, torch.tensor(ctx_lens, dtype=torch.int32), 0.088, **kw)
 
@@ -255,6 +255,8 @@ def _copies() -> None:
 
 def cases() -> dict[str, Callable[[], None]]:
     """Name -> a call of one launcher, in the configurations the engine launches."""
+    from kvshare_kernels.prefill_pages_tma import ORDERS
+
     out: dict[str, Callable[[], None]] = {}
     for pool in ("bf16", "fp16", "fp8", "int8"):
         for shape in SHAPES:
@@ -281,8 +283,9 @@ def cases() -> dict[str, Callable[[], None]]:
                     lambda p=pool, s=shape: _prefill(p, s, 16, True, True, gluon=True))
                 out[f"prefill {pool} {shape} page 64, a copy per page (Gluon), grid"] = (
                     lambda p=pool, s=shape: _prefill(p, s, 64, True, False, gluon=True))
-                out[f"prefill {pool} {shape} page 16, a copy per page (Gluon), overlapped products, work list"] = (
-                    lambda p=pool, s=shape: _prefill(p, s, 16, True, True, gluon=True, overlap=True))
+                for order in ORDERS[1:]:
+                    out[f"prefill {pool} {shape} page 16, a copy per page (Gluon), {order}, work list"] = (
+                        lambda p=pool, s=shape, o=order: _prefill(p, s, 16, True, True, gluon=True, order=o))
     out["rms_norm, silu_and_mul, rotary_embedding"] = _elementwise
     out["copy_pages, copy_page_tensors"] = _copies
     return out
@@ -315,7 +318,7 @@ def compile_all(only: str | None = None, arch: int = 90,
             try:
                 call()
             except Exception as exc:     # reported per case: one failure must not hide the others
-                failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+                failed[name] = f"{type(exc).__name__}: {str(exc)}"[:1500]
     finally:
         decode_attention._num_sms = num_sms
         try:

@@ -12,6 +12,9 @@ import torch
 
 from paged_cases import TOL, dense_attention, make_new_kv_case, rel_err
 
+# the kernel's three orders of copies and products (prefill_pages_tma.ORDERS), importable without a GPU
+ORDERS = ("serial", "overlapped", "producer")
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
@@ -32,7 +35,7 @@ def _inputs(reqs, page_size, hq, hkv, d, dtype, seed):
     return case, k_new, v_new, q.to(dtype).cuda(), qsl
 
 
-def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed, overlap=False):
+def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed, order="serial"):
     """The kernel on _inputs, checked against dense attention request by request; (out, inputs)."""
     from kvshare_kernels.prefill_pages_tma import BLOCK_M, applies, paged_prefill_pages_tma
     from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
@@ -47,7 +50,7 @@ def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed, overlap=False):
                                             capacity=sum(-(-m // per_tile) for m in q_lens) + 5)).cuda()
     out = torch.full_like(q, float("nan"))
     paged_prefill_pages_tma(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, d ** -0.5,
-                            k_new, v_new, out, tiles=tiles, max_query_len=max(q_lens), overlap=overlap)
+                            k_new, v_new, out, tiles=tiles, max_query_len=max(q_lens), order=order)
     for i, (n, m) in enumerate(reqs):
         if m:
             s = int(qsl[i])
@@ -57,28 +60,33 @@ def _run(reqs, page_size, hq, hkv, d, dtype, tiled, seed, overlap=False):
     return out, inputs
 
 
-@pytest.mark.parametrize("page_size", [16, 32, 64])
-@pytest.mark.parametrize("hq,hkv", [(8, 2), (4, 4), (6, 2)])      # GQA, MHA, a group of 3 padded to 4 rows
-@pytest.mark.parametrize("tiled", [True, False], ids=["work-list", "grid"])
-@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
-def test_matches_dense_attention(page_size, hq, hkv, tiled, overlap):
-    _run(REQS, page_size, hq, hkv, 128, torch.bfloat16, tiled, seed=page_size + hq, overlap=overlap)
+# every page size, head grouping and launch in the serial order; the other orders (the same loads
+# and masks, their products and copies rearranged) at pages 16 and 64 from the engine's work list
+CASES = ([(page, hq, hkv, tiled, "serial") for page in (16, 32, 64) for hq, hkv in ((8, 2), (4, 4), (6, 2))
+          for tiled in (True, False)]
+         + [(page, hq, hkv, True, order) for order in ORDERS[1:] for page in (16, 64)
+            for hq, hkv in ((8, 2), (4, 4), (6, 2))])
+
+
+@pytest.mark.parametrize("page_size,hq,hkv,tiled,order", CASES)   # GQA, MHA, a group of 3 padded to 4 rows
+def test_matches_dense_attention(page_size, hq, hkv, tiled, order):
+    _run(REQS, page_size, hq, hkv, 128, torch.bfloat16, tiled, seed=page_size + hq, order=order)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
-def test_dtypes_and_head_dims(dtype, d, overlap):
-    _run(REQS[:6], 16, 8, 2, d, dtype, True, seed=d, overlap=overlap)
+@pytest.mark.parametrize("order", ORDERS)
+def test_dtypes_and_head_dims(dtype, d, order):
+    _run(REQS[:6], 16, 8, 2, d, dtype, True, seed=d, order=order)
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
-def test_gives_the_triton_kernels_answer_on_the_engines_shapes(overlap):
+@pytest.mark.parametrize("order", ORDERS)
+def test_gives_the_triton_kernels_answer_on_the_engines_shapes(order):
     """Llama-3-8B's heads at page 16, against the engine's Triton launch on the same inputs."""
     from kvshare_kernels import kernels
 
     reqs = [(2560, 512), (2048, 2048), (8192 + 1024, 1024)]
-    out, (case, k_new, v_new, q, qsl) = _run(reqs, 16, 32, 8, 128, torch.bfloat16, True, seed=5, overlap=overlap)
+    out, (case, k_new, v_new, q, qsl) = _run(reqs, 16, 32, 8, 128, torch.bfloat16, True, seed=5, order=order)
     triton_out = kernels.paged_prefill_attention(q, case.k_cache, case.v_cache, case.page_table, qsl,
                                                  case.context_lens, 128 ** -0.5, k_new=k_new, v_new=v_new)
     assert rel_err(out, triton_out) < TOL[torch.bfloat16]
@@ -113,3 +121,13 @@ def test_the_engines_entry_point_routes_to_it_when_asked():
     routed = kernels.paged_prefill_attention(*args, k_new=k_new, v_new=v_new, page_copies=True)
     direct = paged_prefill_pages_tma(*args, k_new, v_new)
     assert torch.equal(routed, direct)
+
+
+def test_names_an_order_it_does_not_have():
+    from kvshare_kernels.prefill_pages_tma import ORDERS as KERNEL_ORDERS, paged_prefill_pages_tma
+
+    assert KERNEL_ORDERS == ORDERS
+    case, k_new, v_new, q, qsl = _inputs(REQS[:2], 16, 8, 2, 128, torch.bfloat16, seed=3)
+    with pytest.raises(ValueError, match="order 'pipelined'"):
+        paged_prefill_pages_tma(q, case.k_cache, case.v_cache, case.page_table, qsl, case.context_lens, 0.1,
+                                k_new, v_new, order="pipelined")

@@ -28,9 +28,9 @@ def referenced_paths(stage: Stage) -> list[str]:
     """Repo paths a stage's command names: scripts, test files (node ids cut), paths inside bash -c."""
     found = []
     for arg in stage.cmd:
-        for tok in PATH_TOKEN.findall(arg):
-            if "{out}" not in arg:
-                found.append(tok.split("::")[0].rstrip("."))
+        for m in PATH_TOKEN.finditer(arg):
+            if not arg[:m.start()].endswith("{out}/"):     # a file the stage writes, not one of the repo's
+                found.append(m.group().split("::")[0].rstrip("."))
     return found
 
 
