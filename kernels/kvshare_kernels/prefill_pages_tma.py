@@ -139,35 +139,55 @@ def _produce_tiles(k_desc, v_desc, kn_desc, vn_desc, k_bufs, v_bufs, bars, pt_ro
 
 
 @gluon.jit
-def _release(bar):
-    """Both consumer warpgroups are past their reads of a stage before the producer may refill it."""
-    _thread_barrier()
-    mbarrier.arrive(bar, count=1)
+def _refill(j, rows, n_tiles, n_pre, q_start, kv_col, desc, new_desc, buf, full_bar, empty_bar,
+            BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, TILE_BYTES: gl.constexpr, SELF_ISSUE: gl.constexpr):
+    """A stage's last product is done. SELF_ISSUE: tile j's copies of one operand go into it now (if
+    there is a tile j; `rows` are its page ids); else the producer warp is told the stage is free, once
+    both consumer warpgroups are past it."""
+    if SELF_ISSUE:
+        if j < n_tiles:
+            mbarrier.expect(full_bar, TILE_BYTES)
+            _issue_copies(j, rows, n_pre, q_start, kv_col, desc, new_desc, buf, full_bar, BLOCK_N, PAGE_SIZE)
+    else:
+        _thread_barrier()
+        mbarrier.arrive(empty_bar, count=1)
 
 
 @gluon.jit
 def _consume_tiles(q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, first_masked, c_s, tok_s, n_io,
-                   scale_log2, m_i, l_i, acc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   HEAD_DIM: gl.constexpr, num_warps: gl.constexpr):
-    """The consumer warpgroups (PRODUCER): the overlapped order on the producer's tiles, each stage
-    released as soon as its last product is done; (acc, l) of the rows."""
+                   scale_log2, m_i, l_i, acc, k_desc, v_desc, kn_desc, vn_desc, pt_row, n_pages, q_start, kv_col,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, TILE_BYTES: gl.constexpr,
+                   SELF_ISSUE: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                   io_layout: gl.constexpr, num_warps: gl.constexpr):
+    """FlashAttention 3's order within a warpgroup: tile i's Q K^T is issued before tile i-1's P V, and
+    tile i's softmax runs while that P V is on the tensor cores; (acc, l) of the rows. K and V stages
+    have barriers of their own (bars 0-1 / 2-3 full, 4-5 / 6-7 empty): a K stage is free once its
+    Q K^T is done, a V stage once its P V is. SELF_ISSUE (OVERLAP): these warps refill a free stage
+    themselves, tiles 0 and 1 already in flight; else (PRODUCER) they release it to the producer warp."""
     dtype: gl.constexpr = q_buf.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    rows = 0
+    if SELF_ISSUE:
+        rows = _page_rows(pt_row, 2, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
     mbarrier.wait(bars.index(0), 0)
     s = warpgroup_mma(q_buf, k_bufs.index(0).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                       use_acc=False)
-    _release(bars.index(4))
+    _refill(2, rows, n_tiles, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(0), bars.index(0), bars.index(4),
+            BLOCK_N, PAGE_SIZE, TILE_BYTES, SELF_ISSUE)
     s = _masked_scores(s, 0, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
     p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, scale_log2)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
+    # entering iteration i: tile i-1's probabilities in p_op, its V copies issued; tile i's K too
     for i in range(1, n_tiles):
         slot = i % 2
         prev = 1 - slot
+        rows_k = 0
+        rows_v = 0
+        if SELF_ISSUE:
+            # page ids read well before their copies are issued: tile i+2's K's after Q K^T is done,
+            # tile i+1's V's after P V (registers forbid holding them across iterations)
+            rows_k = _page_rows(pt_row, i + 2, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
+        # tile i-1's V before tile i's Q K^T: zeroing its unused rows while an accumulator is in
+        # flight would hold registers for both (and spill)
         mbarrier.wait(bars.index(2 + prev), ((i - 1) // 2) & 1)
         _zero_unused_v_rows(v_bufs.index(prev), i - 1, n_pre, prefix, q_len, n_io, io_layout, BLOCK_N)
         mbarrier.wait(bars.index(slot), (i // 2) & 1)
@@ -175,11 +195,15 @@ def _consume_tiles(q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, f
                               gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
         acc_tok = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
         s, acc_tok = warpgroup_mma_wait(1, deps=[s_tok, acc_tok])
-        _release(bars.index(4 + slot))
+        _refill(i + 2, rows_k, n_tiles, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(slot), bars.index(slot),
+                bars.index(4 + slot), BLOCK_N, PAGE_SIZE, TILE_BYTES, SELF_ISSUE)
+        if SELF_ISSUE:
+            rows_v = _page_rows(pt_row, i + 1, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
         s = _masked_scores(s, i, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, scale_log2)
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
-        _release(bars.index(6 + prev))
+        _refill(i + 1, rows_v, n_tiles, n_pre, q_start, kv_col, v_desc, vn_desc, v_bufs.index(prev),
+                bars.index(2 + prev), bars.index(6 + prev), BLOCK_N, PAGE_SIZE, TILE_BYTES, SELF_ISSUE)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_op = gl.convert_layout(p.to(dtype), p_layout)
     last = n_tiles - 1
@@ -263,72 +287,26 @@ def _prefill_pages_tma_kernel(
 
     if PRODUCER:
         # FlashAttention 3's split: one warp issues every copy, the two warpgroups only wait for tiles
-        # and multiply, in the overlapped order; the copies' barriers leave the consumers' path
+        # and multiply; the copies' barriers leave the consumers' path
         acc, l_i = gl.warp_specialize(
             [(_consume_tiles, (q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, first_masked, c_s, tok_s,
-                               n_io, scale_log2, m_i, l_i, acc, BLOCK_M, BLOCK_N, HEAD_DIM, num_warps)),
+                               n_io, scale_log2, m_i, l_i, acc, k_desc, v_desc, kn_desc, vn_desc, pt_row, n_pages,
+                               q_start, kv_col, BLOCK_M, BLOCK_N, PAGE_SIZE, TILE_BYTES, False, s_layout, o_layout,
+                               p_layout, io_layout, num_warps)),
              (_produce_tiles, (k_desc, v_desc, kn_desc, vn_desc, k_bufs, v_bufs, bars, pt_row, n_pre, n_pages,
                                n_tiles, q_start, kv_col, BLOCK_N, PAGE_SIZE, TILE_BYTES))],
             [1], [PRODUCER_REGS])
     elif OVERLAP:
-        # FlashAttention 3's order within a warpgroup: tile i's Q K^T is issued before tile i-1's
-        # P V, and tile i's softmax runs while that P V is on the tensor cores. K and V have barriers
-        # of their own: a K stage is refilled once its Q K^T is done (two tiles ahead), a V stage
-        # once its P V is (one tile ahead of the next P V).
         for j in gl.static_range(2):    # tiles 0 and 1, K and V
             rows = _page_rows(pt_row, j, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
-            if j < n_tiles:
-                mbarrier.expect(bars.index(j), TILE_BYTES)
-                _issue_copies(j, rows, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(j), bars.index(j),
-                              BLOCK_N, PAGE_SIZE)
-                mbarrier.expect(bars.index(2 + j), TILE_BYTES)
-                _issue_copies(j, rows, n_pre, q_start, kv_col, v_desc, vn_desc, v_bufs.index(j), bars.index(2 + j),
-                              BLOCK_N, PAGE_SIZE)
-        rows = _page_rows(pt_row, 2, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
-        mbarrier.wait(bars.index(0), 0)
-        s = warpgroup_mma(q_buf, k_bufs.index(0).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                          use_acc=False)
-        if n_tiles > 2:
-            mbarrier.expect(bars.index(0), TILE_BYTES)
-            _issue_copies(2, rows, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(0), bars.index(0),
-                          BLOCK_N, PAGE_SIZE)
-        s = _masked_scores(s, 0, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, scale_log2)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        # entering iteration i: tile i-1's probabilities in p_op, its V copies issued; tile i's K too
-        for i in range(1, n_tiles):
-            slot = i % 2
-            prev = 1 - slot
-            # page ids read well before their copies are issued: tile i+2's K's after Q K^T is done,
-            # tile i+1's V's after P V (registers forbid holding them across iterations)
-            rows_k = _page_rows(pt_row, i + 2, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
-            # tile i-1's V before tile i's Q K^T: zeroing its unused rows while an accumulator is in
-            # flight would hold registers for both (and spill)
-            mbarrier.wait(bars.index(2 + prev), ((i - 1) // 2) & 1)
-            _zero_unused_v_rows(v_bufs.index(prev), i - 1, n_pre, prefix, q_len, n_io, io_layout, BLOCK_N)
-            mbarrier.wait(bars.index(slot), (i // 2) & 1)
-            s_tok = warpgroup_mma(q_buf, k_bufs.index(slot).permute((1, 0)),
-                                  gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            acc_tok = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
-            s, acc_tok = warpgroup_mma_wait(1, deps=[s_tok, acc_tok])
-            if i + 2 < n_tiles:     # tile i's K stage is free: tile i + 2's K
-                mbarrier.expect(bars.index(slot), TILE_BYTES)
-                _issue_copies(i + 2, rows_k, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(slot),
-                              bars.index(slot), BLOCK_N, PAGE_SIZE)
-            rows_v = _page_rows(pt_row, i + 1, n_pre, n_pages, BLOCK_N, PAGE_SIZE, num_warps)
-            s = _masked_scores(s, i, n_pre, prefix, q_len, first_masked, c_s, tok_s, BLOCK_N)
-            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, scale_log2)
-            acc = warpgroup_mma_wait(0, deps=[acc_tok])
-            if i + 1 < n_tiles:     # tile i-1's V stage is free: tile i + 1's V
-                mbarrier.expect(bars.index(2 + prev), TILE_BYTES)
-                _issue_copies(i + 1, rows_v, n_pre, q_start, kv_col, v_desc, vn_desc, v_bufs.index(prev),
-                              bars.index(2 + prev), BLOCK_N, PAGE_SIZE)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-        last = n_tiles - 1
-        mbarrier.wait(bars.index(2 + last % 2), (last // 2) & 1)
-        _zero_unused_v_rows(v_bufs.index(last % 2), last, n_pre, prefix, q_len, n_io, io_layout, BLOCK_N)
-        acc = warpgroup_mma(p_op, v_bufs.index(last % 2), acc)
+            _refill(j, rows, n_tiles, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(j), bars.index(j),
+                    bars.index(4 + j), BLOCK_N, PAGE_SIZE, TILE_BYTES, True)
+            _refill(j, rows, n_tiles, n_pre, q_start, kv_col, v_desc, vn_desc, v_bufs.index(j), bars.index(2 + j),
+                    bars.index(6 + j), BLOCK_N, PAGE_SIZE, TILE_BYTES, True)
+        acc, l_i = _consume_tiles(q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, first_masked, c_s, tok_s,
+                                  n_io, scale_log2, m_i, l_i, acc, k_desc, v_desc, kn_desc, vn_desc, pt_row, n_pages,
+                                  q_start, kv_col, BLOCK_M, BLOCK_N, PAGE_SIZE, TILE_BYTES, True, s_layout, o_layout,
+                                  p_layout, io_layout, num_warps)
     else:
         # Page ids are read an iteration before their copies are issued, so that no copy waits on a
         # table read of its own iteration (as prefill_attention.py's PREFETCH).
