@@ -65,12 +65,15 @@ TIER_DISK_DIR = "/tmp/kvshare-tier-disk"
 KV_DTYPES = ("--kv-cache-dtype", "auto,fp8_e4m3,int8")
 # The Gluon prefill (prefill_pages_tma.py) has a stage of its own (before prefill-ceiling): a kernel that waits on a
 # barrier no copy completes would hang its process, and must not take the other kernels' tests with it. Each of
-# its orders is tested in a process of its own; those that pass are written down for prefill-ceiling to time.
+# its orders is tested in a process of its own; those that pass are written down for prefill-ceiling to time,
+# also outside {out} for peer-serving's prefill-ceiling on the same warm machine (none timed if it is missing).
+PAGES_TMA_ORDERS = "/tmp/kvshare-pages-tma-orders.txt"
 _PAGES_TMA_PYTEST = PY + " -m pytest tests/kernels/test_prefill_pages_tma.py -q -p no:cacheprovider"
 PAGES_TMA_TESTS = ("bash", "-c", 'ok=""; for o in serial overlapped producer; do echo "== order $o"; timeout 110 '
                    + _PAGES_TMA_PYTEST + ' -k "$o" && ok="$ok,$o"; done; echo "== the rest"; timeout 60 '
                    + _PAGES_TMA_PYTEST + ' -k "not serial and not overlapped and not producer"; rest=$?; '
-                   'echo "${ok#,}" > {out}/pages-tma-orders.txt; echo "orders that passed: ${ok#,}"; '
+                   'echo "${ok#,}" > {out}/pages-tma-orders.txt; cp {out}/pages-tma-orders.txt '
+                   + PAGES_TMA_ORDERS + '; echo "orders that passed: ${ok#,}"; '
                    '[ "$ok" = ",serial,overlapped,producer" ] && [ $rest = 0 ]')
 KERNEL_TESTS = ("bash", "-c", 'n=""; ' + PY + ' -c "import xdist" 2>/dev/null && n="-n 4"; exec ' + PY
                 + ' -m pytest tests/kernels -q -p no:cacheprovider --ignore=tests/kernels/test_prefill_pages_tma.py $n')
@@ -226,8 +229,8 @@ SERVING_STAGES = (
     Stage("kernels", (PY, "perf/kernels/bench_peer_attention.py", "--json", "{out}/kernels.json", "--md",
                       "{out}/kernels.md"), 240, ("kernels.json", "kernels.md"), python_path=(VLLM_SITE,)),
     Stage("prefill-ceiling", (PY, "perf/kernels/bench_prefill_ceiling.py", "--json", "{out}/prefill-ceiling.json",
-                              "--md", "{out}/prefill-ceiling.md"), 400, ("prefill-ceiling.json", "prefill-ceiling.md"),
-          python_path=(VLLM_SITE,)),
+                              "--md", "{out}/prefill-ceiling.md", "--pages-tma-orders", "@" + PAGES_TMA_ORDERS), 400,
+          ("prefill-ceiling.json", "prefill-ceiling.md"), python_path=(VLLM_SITE,)),
     Stage("decode-page16", (PY, "perf/kernels/bench_decode_attention.py", "--page16", "--json",
                             "{out}/decode-page16.json", "--md", "{out}/decode-page16.md"), 120,
           ("decode-page16.json", "decode-page16.md")),
@@ -415,7 +418,8 @@ SUITES: tuple[Suite, ...] = (
                "perf/peer/build_serve_wheels.sh), nothing, nothing; 283 / 36 / 348 / 37 s on 2026-12-01 with "
                "one kvshare run (call 2 now holds the second). The kernel calls alone on a fresh machine: "
                "--only stage-piece1,decode-page16 (piece 1), then --only unpack,prefill-ceiling (piece 2), then --only "
-               "kernels (nothing)",
+               "kernels (nothing); prefill-ceiling times the Gluon page-copy orders that `kernels --only pages-tma` "
+               "passed on the same machine, none without it",
           calls=SERVING_CALLS),
     Suite("kv-dtype",
           "8-bit KV pages (kv_cache_dtype auto vs fp8_e4m3 vs int8), Llama-2-7B shape fp16: the kernel tests "
