@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from kvshare.core.sequence import PENDING_TOKEN
 from kvshare.engine.engine import LLMEngine
@@ -144,6 +144,7 @@ def test_pending_tokens_never_reach_the_prefix_cache():
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(3, 14), st.integers(1, 16), st.booleans()), min_size=1, max_size=7),
        st.integers(16, 64), st.integers(0, 3))
+@example(shapes=[(5, 1, False), (11, 3, False), (13, 3, False), (14, 3, False), (3, 1, False)], num_pages=16, seed=1)
 def test_random_mixes_are_identical(shapes, num_pages, seed):
     g = torch.Generator().manual_seed(seed)
     reqs = []
@@ -152,7 +153,16 @@ def test_random_mixes_are_identical(shapes, num_pages, seed):
         reqs.append((f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)))
     pages_needed = max(-(-(len(p) + s.max_tokens) // 4) for _, p, s in reqs)
     sync, over = both(reqs, engine=dict(num_pages=max(num_pages, pages_needed)))
-    assert over == sync
+    # The same tokens, texts and finishes. Not always the same prefix-cache hits: with overlap a step
+    # is planned before the previous one's results are committed, so a request admitted right after
+    # another one's prefill may not yet match its pages (r4's one cached token of r0's prompt with
+    # the example above: 1 in sync, 0 with overlap).
+    assert without_cached(over) == without_cached(sync)
+
+
+def without_cached(results: dict[str, dict]) -> dict[str, dict]:
+    """drive()'s results with each final (reason, tokens, cached tokens) cut to (reason, tokens)."""
+    return {rid: {**r, "final": r["final"][:2]} for rid, r in results.items()}
 
 
 @pytest.fixture(scope="module")
