@@ -226,10 +226,15 @@ PAGE_IDS = False
 # byte, which weighs twice as much when a byte is one element: 1.17x (fp8) and 1.24x (int8) over the
 # 16-bit tile at 64 x 2k on the H200 (kv-dtype suite's variant table, 2026-12-01).
 KV8_GQA_BLOCK_N = 128
-# 8-bit pages with 32/32 heads: four KV heads per program (512 contiguous bytes of a token, as the
-# 16-bit tile's two heads read) once the dots run in fp16 over fp8: 1.14x / 1.06x (fp8) and 1.21x /
-# 1.20x (int8) over the 16-bit tile at 64 / 256 x 2k (kv-dtype suite, H100, 2026-12-06).
-KV8_MHA_HEADS_PER_PROGRAM = 4
+# 8-bit pages with 32/32 heads, (KV heads per program, tile tokens) by layout. fp8: four KV heads of
+# 32 tokens (512 contiguous bytes of a token, as the 16-bit tile's two heads read) once the dots run
+# in fp16 over fp8: 1.14x / 1.06x over the 16-bit tile at 64 / 256 x 2k (kv-dtype suite, H100,
+# 2026-12-06), level with two heads of 64 tokens on 2026-12-07. int8: two heads of 64 tokens. Four
+# heads put its dequantising loop at ptxas' 255-register cap with 21-41 spill instructions an iteration
+# under the GPU image's Triton 3.6 (perf/kernels/hopper_compile.py), and on an H100 that tile ran
+# *below* bf16 pages (0.91x / 0.84x); two heads of 64 tokens: 1.37x / 1.54x over it, 1.24x / 1.29x
+# over bf16 (bench_decode_attention.py --kv-dtypes, 2026-12-07).
+KV8_MHA_TILES = {kv_quant.FP8_MODE: (4, 32), kv_quant.INT8_MODE: (2, 64)}
 
 
 def page_ids_apply(wanted: bool, page_size: int, block_n: int) -> bool:
@@ -242,9 +247,10 @@ def default_config(num_q_heads: int, num_kv_heads: int, kv_mode: int = kv_quant.
     """Tile, warps, stages and KV heads per program for this head layout and pool layout
     (kv_quant.mode_of)."""
     if num_q_heads == num_kv_heads and num_kv_heads % MHA_HEADS_PER_PROGRAM == 0:
-        eight_bit = kv_mode != kv_quant.NONE and num_kv_heads % KV8_MHA_HEADS_PER_PROGRAM == 0
-        return dict(block_n=MHA_BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-                    heads_per_program=KV8_MHA_HEADS_PER_PROGRAM if eight_bit else MHA_HEADS_PER_PROGRAM,
+        heads, block_n = KV8_MHA_TILES.get(kv_mode, (MHA_HEADS_PER_PROGRAM, MHA_BLOCK_N))
+        if num_kv_heads % heads:
+            heads, block_n = MHA_HEADS_PER_PROGRAM, MHA_BLOCK_N
+        return dict(block_n=block_n, num_warps=NUM_WARPS, num_stages=NUM_STAGES, heads_per_program=heads,
                     page_ids=MHA_PAGE_IDS)
     block_n = BLOCK_N if kv_mode == kv_quant.NONE else KV8_GQA_BLOCK_N
     return dict(block_n=block_n, num_warps=NUM_WARPS, num_stages=NUM_STAGES, heads_per_program=1,

@@ -223,13 +223,17 @@ def test_decode_8bit_default_tile_bf16_queries(dtype, device):
 
 
 @pytest.mark.parametrize("dtype", QDTYPES)
-def test_decode_8bit_mha_default_reads_four_heads_per_program(dtype, device):
-    """8-bit pages with as many query as KV heads take four KV heads per program (16-bit pages two),
-    and that default launch reads them right with bf16 queries, split and not, at page 16."""
+def test_decode_8bit_mha_default_tile(dtype, device):
+    """8-bit pages with as many query as KV heads take their layout's tile (fp8: four KV heads of 32
+    tokens, int8: two of 64; 16-bit pages two of 32), and that default launch reads them right with
+    bf16 queries, split and not, at page 16."""
     case = QuantCase([1, 40, 97], 16, 4, 16, dtype, device, seed=37, fp8_scales=(2.0, 0.5))
-    assert da.default_config(4, 4, kv_quant.mode_of(case.k_cache))["heads_per_program"] == 4
-    assert da.default_config(4, 4)["heads_per_program"] == 2
-    assert da.default_config(2, 2, kv_quant.mode_of(case.k_cache))["heads_per_program"] == 2   # 4 does not divide 2
+    mode = kv_quant.mode_of(case.k_cache)
+    heads, block_n = (4, 32) if mode == kv_quant.FP8_MODE else (2, 64)
+    cfg = da.default_config(4, 4, mode)
+    assert (cfg["heads_per_program"], cfg["block_n"]) == (heads, block_n)
+    assert (da.default_config(4, 4)["heads_per_program"], da.default_config(4, 4)["block_n"]) == (2, 32)
+    assert da.default_config(2, 2, mode)["heads_per_program"] == 2   # 4 does not divide 2
     _check_decode(kernels, case, 4, 16, torch.bfloat16, device)
     _check_decode(kernels, case, 4, 16, torch.bfloat16, device, num_splits=2)
 
