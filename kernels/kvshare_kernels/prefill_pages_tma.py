@@ -44,10 +44,12 @@ BLOCK_N = 128
 NUM_WARPS = 8
 # How a program orders its copies and products: "serial" (each tile's Q K^T, softmax and P V in turn,
 # the next tile's copies in flight), "overlapped" (tile i's Q K^T and softmax beside tile i-1's P V)
-# or "producer" (the overlapped order, with a warp of its own issuing every copy). The producer
-# order is the fastest on an H100 (2026-12-07, bench_prefill_ceiling.py: 380-476 TFLOP/s against
-# 325-434 serial and 286-389 overlapped, whose CTA-wide barrier before each copy undoes its overlap).
-ORDERS = ("serial", "overlapped", "producer")
+# "producer" (the overlapped order, with a warp of its own issuing every copy) or "pingpong" (the
+# producer's, with two consumer warpgroups of 64 rows each taking turns on the tensor cores). The
+# producer order is the fastest measured on an H100 (2026-12-07, bench_prefill_ceiling.py: 380-476
+# TFLOP/s against 325-434 serial and 286-389 overlapped, whose CTA-wide barrier before each copy
+# undoes its overlap); pingpong was written after that run.
+ORDERS = ("serial", "overlapped", "producer", "pingpong")
 ORDER = "producer"
 IDLE_TILE: gl.constexpr = gl.constexpr(IDLE)
 # The bulk copy's name: async_copy_global_to_shared in the GPU image's Triton 3.6, async_load since.
@@ -56,6 +58,10 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 # The producer warp's registers (setmaxnreg): page ids and copy coordinates need few.
 PRODUCER_REGS: gl.constexpr = gl.constexpr(40)
+# PINGPONG's registers: the producer warp's, and the second consumer warpgroup's; the first, the
+# default partition, gets what is left of the 168 x 384 the launch holds, 240 as well with these.
+PINGPONG_PRODUCER_REGS: gl.constexpr = gl.constexpr(24)
+CONSUMER_REGS: gl.constexpr = gl.constexpr(240)
 
 
 @gluon.jit
@@ -159,12 +165,16 @@ def _consume_tiles(q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, f
                    scale_log2, m_i, l_i, acc, k_desc, v_desc, kn_desc, vn_desc, pt_row, n_pages, q_start, kv_col,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, TILE_BYTES: gl.constexpr,
                    SELF_ISSUE: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                   io_layout: gl.constexpr, num_warps: gl.constexpr):
+                   io_layout: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = False,
+                   FIRST: gl.constexpr = True):
     """FlashAttention 3's order within a warpgroup: tile i's Q K^T is issued before tile i-1's P V, and
     tile i's softmax runs while that P V is on the tensor cores; (acc, l) of the rows. K and V stages
     have barriers of their own (bars 0-1 / 2-3 full, 4-5 / 6-7 empty): a K stage is free once its
     Q K^T is done, a V stage once its P V is. SELF_ISSUE (OVERLAP): these warps refill a free stage
-    themselves, tiles 0 and 1 already in flight; else (PRODUCER) they release it to the producer warp."""
+    themselves, tiles 0 and 1 already in flight; else (PRODUCER) they release it to the producer warp.
+    PINGPONG: these warps are one of two consumer warpgroups, each with its own rows, that take turns
+    issuing their products (bars 8 / 9: the first's / the second's turn), so that one's softmax runs
+    under the other's products."""
     dtype: gl.constexpr = q_buf.dtype
     rows = 0
     if SELF_ISSUE:
@@ -192,9 +202,13 @@ def _consume_tiles(q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, f
         mbarrier.wait(bars.index(2 + prev), ((i - 1) // 2) & 1)
         _zero_unused_v_rows(v_bufs.index(prev), i - 1, n_pre, prefix, q_len, n_io, io_layout, BLOCK_N)
         mbarrier.wait(bars.index(slot), (i // 2) & 1)
+        if PINGPONG:    # a turn barrier's first wait of the first warpgroup is on the completed phase before
+            mbarrier.wait(bars.index(8 if FIRST else 9), ((i - 1) & 1) ^ (1 if FIRST else 0))
         s_tok = warpgroup_mma(q_buf, k_bufs.index(slot).permute((1, 0)),
                               gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
         acc_tok = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(bars.index(9 if FIRST else 8), count=1)
         s, acc_tok = warpgroup_mma_wait(1, deps=[s_tok, acc_tok])
         _refill(i + 2, rows_k, n_tiles, n_pre, q_start, kv_col, k_desc, kn_desc, k_bufs.index(slot), bars.index(slot),
                 bars.index(4 + slot), BLOCK_N, PAGE_SIZE, TILE_BYTES, SELF_ISSUE)
@@ -215,12 +229,50 @@ def _consume_tiles(q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, f
 
 
 @gluon.jit
+def _store_rows(O, acc, l_i, q_start, q_len, tok_first, kvh, stride_ot, stride_oh, ROW0: gl.constexpr,
+                ROWS: gl.constexpr, GROUP: gl.constexpr, BLOCK_G: gl.constexpr, HEAD_DIM: gl.constexpr,
+                o_layout: gl.constexpr, io_layout: gl.constexpr):
+    """Normalises and stores a program's rows ROW0 .. ROW0 + ROWS (row r: token r // BLOCK_G, head of
+    the group r % BLOCK_G); padding heads and tokens past the chunk are not stored."""
+    r_io = ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, io_layout))
+    d_io = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, io_layout))
+    tok_io = tok_first + r_io // BLOCK_G
+    g_io = r_io % BLOCK_G
+    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    out = gl.convert_layout(out.to(O.dtype.element_ty), io_layout)
+    o_rows = (q_start + tok_io).to(gl.int64) * stride_ot + (kvh * GROUP + g_io) * stride_oh
+    gl.store(O + o_rows[:, None] + d_io[None, :], out, mask=((tok_io < q_len) & (g_io < GROUP))[:, None])
+
+
+@gluon.jit
+def _consume_half(O, q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, first_masked, tok_first, kvh,
+                  stride_ot, stride_oh, scale_log2, q_start, ROW0: gl.constexpr, ROWS: gl.constexpr,
+                  GROUP: gl.constexpr, BLOCK_G: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, io_layout: gl.constexpr,
+                  num_warps: gl.constexpr):
+    """One of PINGPONG's two consumer warpgroups: rows ROW0 .. ROW0 + ROWS of the program, from the
+    producer's tiles, taking turns with the other; stores its own rows."""
+    c_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    tok_s = tok_first + (ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))) // BLOCK_G
+    n_io = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, io_layout))
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    acc, l_i = _consume_tiles(q_buf.slice(ROW0, ROWS), k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len,
+                              first_masked, c_s, tok_s, n_io, scale_log2, m_i, l_i, acc, 0, 0, 0, 0, 0, 0, q_start, 0,
+                              ROWS, BLOCK_N, 16, 0, False, s_layout, o_layout, p_layout, io_layout, num_warps,
+                              True, ROW0 == 0)
+    _store_rows(O, acc, l_i, q_start, q_len, tok_first, kvh, stride_ot, stride_oh, ROW0, ROWS, GROUP, BLOCK_G,
+                HEAD_DIM, o_layout, io_layout)
+
+
+@gluon.jit
 def _prefill_pages_tma_kernel(
     Q, O, PT, QSL, CTX, TILES, k_desc, v_desc, kn_desc, vn_desc, scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_ptb,
     GROUP: gl.constexpr, BLOCK_G: gl.constexpr, BLOCK_MT: gl.constexpr, BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, TILED: gl.constexpr,
-    OVERLAP: gl.constexpr, PRODUCER: gl.constexpr, num_warps: gl.constexpr,
+    OVERLAP: gl.constexpr, PRODUCER: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr,
 ):
     if TILED:
         tile = gl.program_id(0)
@@ -262,10 +314,11 @@ def _prefill_pages_tma_kernel(
     k_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile_smem)
     v_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile_smem)
     # barriers 0-1: each stage's K full (and V, unless OVERLAP or PRODUCER); 2-3: its V full; with
-    # PRODUCER, 4-5 and 6-7: its K and V empty
-    bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(8):
-        mbarrier.init(bars.index(j), count=1)
+    # PRODUCER or PINGPONG, 4-5 and 6-7: its K and V empty (released by each consumer warpgroup); with
+    # PINGPONG, 8-9: the first and the second consumer's turn
+    bars = gl.allocate_shared_memory(gl.int64, [10, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(10):
+        mbarrier.init(bars.index(j), count=2 if PINGPONG and j >= 4 and j < 8 else 1)
     fence_async_shared()        # Q's stores and the barriers' init, before the async proxy reads them
 
     # Tiles: the prefix's ceil(prefix / BLOCK_N) through the page table (the last one masked at
@@ -286,7 +339,20 @@ def _prefill_pages_tma_kernel(
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
-    if PRODUCER:
+    if PINGPONG:
+        # FlashAttention 3's ping-pong: the producer warp, and two consumer warpgroups of 64 rows each
+        # (the default partition and a worker of as many warps) that take turns on the tensor cores
+        gl.warp_specialize(
+            [(_consume_half, (O, q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, first_masked, tok_first,
+                              kvh, stride_ot, stride_oh, scale_log2, q_start, 0, BLOCK_M // 2, GROUP, BLOCK_G, BLOCK_N,
+                              HEAD_DIM, s_layout, o_layout, p_layout, io_layout, num_warps)),
+             (_produce_tiles, (k_desc, v_desc, kn_desc, vn_desc, k_bufs, v_bufs, bars, pt_row, n_pre, n_pages,
+                               n_tiles, q_start, kv_col, BLOCK_N, PAGE_SIZE, TILE_BYTES)),
+             (_consume_half, (O, q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len, first_masked, tok_first,
+                              kvh, stride_ot, stride_oh, scale_log2, q_start, BLOCK_M // 2, BLOCK_M // 2, GROUP,
+                              BLOCK_G, BLOCK_N, HEAD_DIM, s_layout, o_layout, p_layout, io_layout, num_warps))],
+            [1, num_warps], [PINGPONG_PRODUCER_REGS, CONSUMER_REGS])
+    elif PRODUCER:
         # FlashAttention 3's split: one warp issues every copy, the two warpgroups only wait for tiles
         # and multiply; the copies' barriers leave the consumers' path
         acc, l_i = gl.warp_specialize(
@@ -337,12 +403,11 @@ def _prefill_pages_tma_kernel(
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_bufs.index(slot), acc)
 
-    for j in gl.static_range(8):
+    for j in gl.static_range(10):
         mbarrier.invalidate(bars.index(j))
-    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-    out = gl.convert_layout(out.to(dtype), io_layout)
-    o_rows = (q_start + tok_io).to(gl.int64) * stride_ot + (kvh * GROUP + g_io) * stride_oh
-    gl.store(O + o_rows[:, None] + d_io[None, :], out, mask=row_ok[:, None])
+    if not PINGPONG:
+        _store_rows(O, acc, l_i, q_start, q_len, tok_first, kvh, stride_ot, stride_oh, 0, BLOCK_M, GROUP, BLOCK_G,
+                    HEAD_DIM, o_layout, io_layout)
 
 
 def applies(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor) -> bool:
@@ -401,7 +466,7 @@ def paged_prefill_pages_tma(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=BLOCK_N, HEAD_DIM=d,
         PAGE_SIZE=page_size, TILED=tiles is not None, OVERLAP=order == "overlapped", PRODUCER=order == "producer",
-        num_warps=NUM_WARPS,
+        PINGPONG=order == "pingpong", num_warps=NUM_WARPS // 2 if order == "pingpong" else NUM_WARPS,
     )
     return out
 

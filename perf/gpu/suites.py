@@ -69,12 +69,13 @@ KV_DTYPES = ("--kv-cache-dtype", "auto,fp8_e4m3,int8")
 # also outside {out} for peer-serving's prefill-ceiling on the same warm machine (none timed if it is missing).
 PAGES_TMA_ORDERS = "/tmp/kvshare-pages-tma-orders.txt"
 _PAGES_TMA_PYTEST = PY + " -m pytest tests/kernels/test_prefill_pages_tma.py -q -p no:cacheprovider"
-PAGES_TMA_TESTS = ("bash", "-c", 'ok=""; for o in serial overlapped producer; do echo "== order $o"; timeout 110 '
-                   + _PAGES_TMA_PYTEST + ' -k "$o" && ok="$ok,$o"; done; echo "== the rest"; timeout 60 '
-                   + _PAGES_TMA_PYTEST + ' -k "not serial and not overlapped and not producer"; rest=$?; '
+PAGES_TMA_TESTS = ("bash", "-c", 'ok=""; for o in serial overlapped producer pingpong; do echo "== order $o"; '
+                   'timeout 110 ' + _PAGES_TMA_PYTEST + ' -k "$o" && ok="$ok,$o"; done; echo "== the rest"; timeout 60 '
+                   + _PAGES_TMA_PYTEST + ' -k "not serial and not overlapped and not producer and not pingpong"; '
+                   'rest=$?; '
                    'echo "${ok#,}" > {out}/pages-tma-orders.txt; cp {out}/pages-tma-orders.txt '
                    + PAGES_TMA_ORDERS + '; echo "orders that passed: ${ok#,}"; '
-                   '[ "$ok" = ",serial,overlapped,producer" ] && [ $rest = 0 ]')
+                   '[ "$ok" = ",serial,overlapped,producer,pingpong" ] && [ $rest = 0 ]')
 KERNEL_TESTS = ("bash", "-c", 'n=""; ' + PY + ' -c "import xdist" 2>/dev/null && n="-n 4"; exec ' + PY
                 + ' -m pytest tests/kernels -q -p no:cacheprovider --ignore=tests/kernels/test_prefill_pages_tma.py $n')
 

@@ -220,7 +220,7 @@ def case(flash, hq, hkv, name, b, prefix, q_len, orders=()):
         if ppt.applies(k16, v16, q):
             tlg = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, ppt.BLOCK_M)
             rec["pages_tma"] = {}
-            for order in orders:    # copies and products in turn, overlapped, or with a producer warp
+            for order in orders:    # prefill_pages_tma.ORDERS that passed their tests
                 t = _time(lambda: ppt.paged_prefill_pages_tma(q, k16, v16, pt16, qsl, lens, scale, k_new, v_new,  # noqa: B023
                                                               out, tiles=tlg, order=order))
                 rec["pages_tma"][f"128x128 w8 s2 {order}"] = dict(s=t, diff=diff() if t else None)
@@ -284,7 +284,7 @@ def main(argv=None):
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--pages-tma-orders", default="serial,overlapped,producer",
+    ap.add_argument("--pages-tma-orders", default="serial,overlapped,producer,pingpong",
                     help="the Gluon kernel's orders to time (those whose GPU tests passed: one that hangs would "
                          "stop the whole table), or @FILE: the orders written there (none if it is missing)")
     a = ap.parse_args(argv)
@@ -340,7 +340,7 @@ def main(argv=None):
                    "with every key read from the pool (the launch before) and its best tile (ids read ahead or not); "
                    "page 16 with the chunk's keys from the step's K/V, the engine's launch (128 x 128) and the best "
                    "tile; page 16 with each prefix tile assembled from one bulk copy per page (Gluon, "
-                   "prefill_pages_tma.py; the best of its three orders); larger pages with per-thread loads and with TMA (best config each, step K/V included); the "
+                   "prefill_pages_tma.py; the best of its orders); larger pages with per-thread loads and with TMA (best config each, step K/V included); the "
                    "dense TMA kernel on contiguous K/V (best config, without and with warp specialisation); torch "
                    "SDPA (cuDNN, prompts); vLLM's FA3 on page 16",
                    ["heads", "case", "p16 pool", "p16 pool best", "p16 step K/V", "p16 step K/V best", "p16 Gluon"]

@@ -12,8 +12,8 @@ import torch
 
 from paged_cases import TOL, dense_attention, make_new_kv_case, rel_err
 
-# the kernel's three orders of copies and products (prefill_pages_tma.ORDERS), importable without a GPU
-ORDERS = ("serial", "overlapped", "producer")
+# the kernel's four orders of copies and products (prefill_pages_tma.ORDERS), importable without a GPU
+ORDERS = ("serial", "overlapped", "producer", "pingpong")
 
 pytestmark = [
     pytest.mark.gpu,
