@@ -17,11 +17,16 @@ The contract is paged_prefill_attention's with the step's own K/V (``k_new``/``v
 engine's launch on Hopper): 16-bit pools of q's dtype, a power-of-two head_dim of 64 or 128, a page
 size that divides the 128-key tile. One program takes BLOCK_M rows (query tokens x the query heads of
 one KV head, as in prefill_attention.py) and walks first the cached prefix's tiles through the page
-table, then the chunk's own keys from the step's rows (one copy a tile), two stages deep: the next
-tile's copies are in flight while this one is multiplied. Only the tile that holds the prefix's end
-and the chunk's diagonal tiles are masked. Page ids past the prefix's last page are clamped to it, so
-every copy reads pages of this request; rows the tile must not use (other slots of the last page,
-the clamped pages, the next request's rows) get masked scores and V rows zeroed in shared memory.
+table, then the chunk's own keys from the step's rows (one copy a tile), two stages deep, in one of
+ORDERS (below): the next tiles' copies are in flight while this one is multiplied. Only the tile that
+holds the prefix's end and the chunk's diagonal tiles are masked. Page ids past the prefix's last page
+are clamped to it, so every copy reads pages of this request; rows the tile must not use (other slots
+of the last page, the clamped pages, the next request's rows) get masked scores and V rows zeroed in
+shared memory.
+
+Measured on an H100 (2026-12-07, docs/kernels.md): correct in every order, the producer order at
+0.70-0.84x of FlashAttention 3, so copying a tile page by page does not by itself bring page 16 to
+page 128's figures; the engine keeps prefill_attention.py's launch unless KVSHARE_PREFILL_PAGE_COPIES=1.
 
 Gluon runs only compiled on a GPU (no interpreter): the CPU tests compile it for sm_90
 (perf/kernels/hopper_compile.py) and the GPU tests compare it with the torch reference.
