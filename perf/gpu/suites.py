@@ -271,7 +271,7 @@ SUITES: tuple[Suite, ...] = (
                                      "{out}/prefill-ceiling.json", "--md", "{out}/prefill-ceiling.md",
                                      "--pages-tma-orders", "@{out}/pages-tma-orders.txt"), 400,
                  ("prefill-ceiling.json", "prefill-ceiling.md"), needs=("tests",))),
-          minutes=2),
+          minutes=7),
     Suite("engine",
           "offline tok/s and TTFT, Llama-2-7B shape fp16, vs HF generate / generate_batch on the same requests: "
           "fixed-1, seed-12x128, seed-hot10, seed-long, fixed-64, fixed-256; whole seed traces x3; "
