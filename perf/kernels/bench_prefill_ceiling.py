@@ -61,6 +61,7 @@ PAGED = {64: [(64, 64, 4, 3), (128, 64, 8, 3)],
 PAGE16 = [(64, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3)]   # the engine's tile, then the TMA launches' shapes
 # page 16 with the chunk's keys from the step's K/V (the engine's launch first: NEW_KV_LAUNCH)
 NEW_KV = [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3)]
+SDPA = True     # torch SDPA (cuDNN) on the prompts
 LOG2E = 1.4426950408889634
 
 
@@ -230,7 +231,7 @@ def case(flash, hq, hkv, name, b, prefix, q_len, orders=()):
         rec["fa3_diff"] = diff()
     del k16, v16, k_new, v_new
     bc.free()
-    if not bc.DRY_RUN and prefix == 0:
+    if not bc.DRY_RUN and prefix == 0 and SDPA:
         qq = q.view(b, q_len, hq, D).transpose(1, 2)
         kk = kc.view(b, ctx, hkv, D).transpose(1, 2)
         vv = vc.view(b, ctx, hkv, D).transpose(1, 2)
@@ -284,6 +285,9 @@ def main(argv=None):
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--gluon-only", action="store_true",
+                    help="only the page-copy kernel's orders beside the engine's launch (and FA3 when there): "
+                         "a couple of minutes less on the GPU")
     ap.add_argument("--pages-tma-orders", default="serial,overlapped,producer,pingpong",
                     help="the Gluon kernel's orders to time (those whose GPU tests passed: one that hangs would "
                          "stop the whole table), or @FILE: the orders written there (none if it is missing)")
@@ -292,6 +296,9 @@ def main(argv=None):
     if not a.dry_run and not torch.cuda.is_available():
         sys.exit("bench_prefill_ceiling: needs a CUDA GPU (or --dry-run)")
     flash, why = fa3()
+    if a.gluon_only:
+        global PAGE16, NEW_KV, DENSE, PAGED, SDPA
+        PAGE16, NEW_KV, DENSE, PAGED, SDPA = [], NEW_KV[:1], [], {}, False
     orders = a.pages_tma_orders
     if orders.startswith("@"):
         path = Path(orders[1:])
