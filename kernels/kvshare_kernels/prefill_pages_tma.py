@@ -155,12 +155,12 @@ def _refill(j, rows, n_tiles, n_pre, q_start, kv_col, desc, new_desc, buf, full_
             BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, TILE_BYTES: gl.constexpr, SELF_ISSUE: gl.constexpr):
     """A stage's last product is done. SELF_ISSUE: tile j's copies of one operand go into it now (if
     there is a tile j; `rows` are its page ids); else the producer warp is told the stage is free, once
-    both consumer warpgroups are past it."""
+    every warp of this partition is past it."""
     if SELF_ISSUE:
         if j < n_tiles:
             mbarrier.expect(full_bar, TILE_BYTES)
             _issue_copies(j, rows, n_pre, q_start, kv_col, desc, new_desc, buf, full_bar, BLOCK_N, PAGE_SIZE)
-    else:
+    else:       # one arrival per partition (PINGPONG: one per consumer warpgroup, a count of 2)
         _thread_barrier()
         mbarrier.arrive(empty_bar, count=1)
 
@@ -263,6 +263,7 @@ def _consume_half(O, q_buf, k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len,
     m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    # the copy arguments (descriptors, page table, page size, bytes) are the producer's: 0 here
     acc, l_i = _consume_tiles(q_buf.slice(ROW0, ROWS), k_bufs, v_bufs, bars, n_tiles, n_pre, prefix, q_len,
                               first_masked, c_s, tok_s, n_io, scale_log2, m_i, l_i, acc, 0, 0, 0, 0, 0, 0, q_start, 0,
                               ROWS, BLOCK_N, 16, 0, False, s_layout, o_layout, p_layout, io_layout, num_warps,

@@ -61,7 +61,6 @@ PAGED = {64: [(64, 64, 4, 3), (128, 64, 8, 3)],
 PAGE16 = [(64, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3)]   # the engine's tile, then the TMA launches' shapes
 # page 16 with the chunk's keys from the step's K/V (the engine's launch first: NEW_KV_LAUNCH)
 NEW_KV = [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3)]
-SDPA = True     # torch SDPA (cuDNN) on the prompts
 LOG2E = 1.4426950408889634
 
 
@@ -170,7 +169,9 @@ def _time(fn):
         return None
 
 
-def case(flash, hq, hkv, name, b, prefix, q_len, orders=()):
+def case(flash, hq, hkv, name, b, prefix, q_len, orders=(), gluon_only=False):
+    """One shape's record; gluon_only: the page-copy orders beside the engine's launch (and FA3) only."""
+    page16, new_kv, dense, paged = ([], NEW_KV[:1], [], {}) if gluon_only else (PAGE16, NEW_KV, DENSE, PAGED)
     from kvshare_kernels import kernels
     from kvshare_kernels.prefill_attention import default_launch
 
@@ -196,7 +197,7 @@ def case(flash, hq, hkv, name, b, prefix, q_len, orders=()):
         return (out.float() - ref.float()).abs().max().item()
 
     rec["paged16"] = {}
-    for bm, bn, w, s in PAGE16 if not bc.DRY_RUN else [(16, 32, 4, 2)]:
+    for bm, bn, w, s in page16 if not bc.DRY_RUN else [(16, 32, 4, 2)]:
         tl16 = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, bm)
         for ahead in (False, True):
             run = lambda: kernels.paged_prefill_attention(q, k16, v16, pt16, qsl, lens, scale, out, tiles=tl16,  # noqa: E731
@@ -207,7 +208,7 @@ def case(flash, hq, hkv, name, b, prefix, q_len, orders=()):
 
     rec["new_kv"] = {}
     k_new, v_new = bc.step_kv(k16, v16, pt16, prefix, ctx, hq)
-    for bm, bn, w, s in NEW_KV if not bc.DRY_RUN else [(16, 32, 4, 2), (16, 16, 4, 2)]:
+    for bm, bn, w, s in new_kv if not bc.DRY_RUN else [(16, 32, 4, 2), (16, 16, 4, 2)]:
         tln = bc.prefill_tiles(hq, hkv, b, q_len, ctx, dev, bm)
         for ahead in (True, False):     # the prefix's page ids a tile ahead (the default) or per tile
             run = lambda: kernels.paged_prefill_attention(q, k16, v16, pt16, qsl, lens, scale, out, tiles=tln,  # noqa: E731
@@ -231,20 +232,20 @@ def case(flash, hq, hkv, name, b, prefix, q_len, orders=()):
         rec["fa3_diff"] = diff()
     del k16, v16, k_new, v_new
     bc.free()
-    if not bc.DRY_RUN and prefix == 0 and SDPA:
+    if not bc.DRY_RUN and prefix == 0 and not gluon_only:
         qq = q.view(b, q_len, hq, D).transpose(1, 2)
         kk = kc.view(b, ctx, hkv, D).transpose(1, 2)
         vv = vc.view(b, ctx, hkv, D).transpose(1, 2)
         rec["sdpa_s"] = _time(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=hq != hkv))
     rec["dense"] = {}
-    for bm, bn, w, s, ws in DENSE if not bc.DRY_RUN else [(16, 16, 4, 2, False), (16, 16, 4, 2, True)]:
+    for bm, bn, w, s, ws in dense if not bc.DRY_RUN else [(16, 16, 4, 2, False), (16, 16, 4, 2, True)]:
         if q_len % bm:
             continue
         t = _time(lambda: dense_attention(q, kc, vc, q_len, ctx, out, bm, bn, w, s, ws))
         rec["dense"][f"{bm}x{bn} w{w} s{s}{' ws' if ws else ''}"] = dict(s=t, diff=diff() if t else None)
 
     rec["paged"] = {}
-    for page, configs in PAGED.items() if not bc.DRY_RUN else {32: [(16, 16, 4, 2), (16, 32, 4, 2)]}.items():
+    for page, configs in paged.items() if not bc.DRY_RUN else {32: [(16, 16, 4, 2), (16, 32, 4, 2)]}.items():
         kp, vp, ptp = paged_copy(kc, vc, b, ctx, page)
         kn, vn = bc.step_kv(kp, vp, ptp, prefix, ctx, hq)
         engine = default_launch(page, DTYPE, D, torch.device(dev), new_kv=True)
@@ -296,9 +297,6 @@ def main(argv=None):
     if not a.dry_run and not torch.cuda.is_available():
         sys.exit("bench_prefill_ceiling: needs a CUDA GPU (or --dry-run)")
     flash, why = fa3()
-    if a.gluon_only:
-        global PAGE16, NEW_KV, DENSE, PAGED, SDPA
-        PAGE16, NEW_KV, DENSE, PAGED, SDPA = [], NEW_KV[:1], [], {}, False
     orders = a.pages_tma_orders
     if orders.startswith("@"):
         path = Path(orders[1:])
@@ -310,7 +308,7 @@ def main(argv=None):
     cases = CASES if not a.dry_run else [("prompt 1x32", 1, 0, 32), ("chunk 1x(16+16)", 1, 16, 16)]
     for hq, hkv in HEADS if not a.dry_run else [(4, 2)]:
         for name, b, prefix, q_len in cases:
-            r = case(flash, hq, hkv, name, b, prefix, q_len, orders)
+            r = case(flash, hq, hkv, name, b, prefix, q_len, orders, a.gluon_only)
             records.append(r)
             dense = _best({k: v for k, v in r["dense"].items() if not k.endswith("ws")})
             dense_ws = _best({k: v for k, v in r["dense"].items() if k.endswith("ws")})
