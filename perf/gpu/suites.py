@@ -267,11 +267,15 @@ SUITES: tuple[Suite, ...] = (
            # page-16 prefill: the Triton launches, the Gluon kernel that copies a tile page by page,
            # the TMA tiles of larger pages and the dense ceiling (FA3 only with vLLM: peer-serving's stage)
            Stage("pages-tma", PAGES_TMA_TESTS, 420, ("pages-tma-orders.txt",)),
+           # FA3 beside them when .carry/fa3 travels (perf/peer/build_fa3_bundle.sh: ~12 MiB, one command)
+           Stage("fa3", ("bash", "perf/peer/unpack_fa3.sh"), 60),
            Stage("prefill-ceiling", (PY, "perf/kernels/bench_prefill_ceiling.py", "--json",
                                      "{out}/prefill-ceiling.json", "--md", "{out}/prefill-ceiling.md",
                                      "--pages-tma-orders", "@{out}/pages-tma-orders.txt"), 400,
-                 ("prefill-ceiling.json", "prefill-ceiling.md"), needs=("tests",))),
-          minutes=7),
+                 ("prefill-ceiling.json", "prefill-ceiling.md"), needs=("tests",), python_path=(VLLM_SITE,))),
+          minutes=7, carry=(".carry/fa3",),
+          note="the prefill-ceiling stage has an FA3 column when .carry/fa3 is carried (bash "
+               "perf/peer/build_fa3_bundle.sh here first); without it the fa3 stage fails and the column is empty"),
     Suite("engine",
           "offline tok/s and TTFT, Llama-2-7B shape fp16, vs HF generate / generate_batch on the same requests: "
           "fixed-1, seed-12x128, seed-hot10, seed-long, fixed-64, fixed-256; whole seed traces x3; "
