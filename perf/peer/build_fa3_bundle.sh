@@ -15,7 +15,9 @@ cat "$B"/p1/bundle.part.* "$B"/p2/bundle.part.* > "$work/bundle.tar"
     || { echo "bundle sha256 mismatch under $B"; exit 1; }
 tar xf "$work/bundle.tar" -C "$work" rest.tar.xz fa3.xz
 mkdir -p "$work/site" "$OUT"
-tar xJf "$work/rest.tar.xz" -C "$work/site" ./vllm
-(cd "$work/site" && find vllm -name '*.py' -print0 | sort -z | tar cf - --null -T - | xz -T0 -6 > "$work/vllm-py.tar.xz")
+tar xJf "$work/rest.tar.xz" -C "$work/site" --wildcards ./vllm './vllm-*.dist-info'
+# the dist-info too: vLLM finds its platform (and so FA3's compute capability check) through its metadata
+(cd "$work/site" && find vllm vllm-*.dist-info -type f \( -name '*.py' -o -path '*dist-info*' \) -print0 | sort -z \
+    | tar cf - --null -T - | xz -T0 -6 > "$work/vllm-py.tar.xz")
 mv "$work/vllm-py.tar.xz" "$work/fa3.xz" "$OUT/"
 echo "$OUT: $(du -sh "$OUT" | cut -f1) ($(ls "$OUT" | tr '\n' ' '))"
