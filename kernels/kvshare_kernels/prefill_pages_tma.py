@@ -24,9 +24,10 @@ are clamped to it, so every copy reads pages of this request; rows the tile must
 of the last page, the clamped pages, the next request's rows) get masked scores and V rows zeroed in
 shared memory.
 
-Measured on an H100 (2026-12-07, docs/kernels.md): correct in every order, the producer order at
-0.70-0.84x of FlashAttention 3, so copying a tile page by page does not by itself bring page 16 to
-page 128's figures; the engine keeps prefill_attention.py's launch unless KVSHARE_PREFILL_PAGE_COPIES=1.
+Measured on an H100 (2026-12-07, docs/kernels.md): correct in every order. Copying a tile page by
+page does not by itself close the gap (the producer order at 0.68-0.82x of FlashAttention 3, the
+Triton launch at 0.73-0.98x); with the ping-pong consumers it does, 0.89-0.99x, so the engine runs this
+kernel on Hopper wherever it applies (KVSHARE_PREFILL_PAGE_COPIES=0: prefill_attention.py's launch).
 
 Gluon runs only compiled on a GPU (no interpreter): the CPU tests compile it for sm_90
 (perf/kernels/hopper_compile.py) and the GPU tests compare it with the torch reference.
@@ -50,10 +51,9 @@ NUM_WARPS = 8
 # How a program orders its copies and products: "serial" (each tile's Q K^T, softmax and P V in turn,
 # the next tile's copies in flight), "overlapped" (tile i's Q K^T and softmax beside tile i-1's P V)
 # "producer" (the overlapped order, with a warp of its own issuing every copy) or "pingpong" (the
-# producer's, with two consumer warpgroups of 64 rows each taking turns on the tensor cores). The
-# producer order is the fastest measured on an H100 (2026-12-07, bench_prefill_ceiling.py: 380-476
-# TFLOP/s against 325-434 serial and 286-389 overlapped, whose CTA-wide barrier before each copy
-# undoes its overlap); pingpong was written after that run.
+# producer's, with two consumer warpgroups of 64 rows each taking turns on the tensor cores). On an
+# H100 (2026-12-07, bench_prefill_ceiling.py) pingpong ran 475-590 TFLOP/s, producer 377-473, serial
+# 329-437, overlapped 284-386 (its CTA-wide barrier before each copy undoes its overlap).
 ORDERS = ("serial", "overlapped", "producer", "pingpong")
 ORDER = "pingpong"
 IDLE_TILE: gl.constexpr = gl.constexpr(IDLE)

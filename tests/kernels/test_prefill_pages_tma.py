@@ -111,8 +111,8 @@ def test_refuses_what_it_cannot_copy():
 
 
 def test_the_engines_entry_point_routes_to_it_when_asked():
-    """paged_prefill_attention(..., page_copies=True), as the engine calls it with
-    KVSHARE_PREFILL_PAGE_COPIES=1, runs this kernel: the same bits as calling it directly."""
+    """paged_prefill_attention(..., page_copies=True), as the engine calls it on Hopper by
+    default, runs this kernel: the same bits as calling it directly."""
     from kvshare_kernels import kernels
     from kvshare_kernels.prefill_pages_tma import paged_prefill_pages_tma
 

@@ -62,9 +62,11 @@ class LlamaModel:
         # instead of back from the pool: bulk copies at any page size (prefill_attention.py, k_new).
         # KVSHARE_PREFILL_NEW_KV=0 reads them from the pool as before.
         self._new_kv_on = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_PREFILL_NEW_KV", "1") != "0"
-        # KVSHARE_PREFILL_PAGE_COPIES=1: with them, a page-16 prefix tile arrives by one bulk copy per
-        # page (prefill_pages_tma.py, Gluon), opt-in until timed against the default launch.
-        self._page_copies = self._new_kv_on and os.environ.get("KVSHARE_PREFILL_PAGE_COPIES", "0") == "1"
+        # With them, on Hopper at pages smaller than the 128-key tile, a prefix tile arrives by one bulk
+        # copy per page (prefill_pages_tma.py, Gluon, ping-pong consumers): 0.89-0.99x of FA3 against
+        # 0.73-0.98x for the Triton launch (H100, docs/kernels.md). KVSHARE_PREFILL_PAGE_COPIES=0 keeps
+        # the Triton launch.
+        self._page_copies = self._new_kv_on and os.environ.get("KVSHARE_PREFILL_PAGE_COPIES", "1") != "0"
         self._dtype = dtype
         self._new_kv_by_cache_dtype: dict[torch.dtype, bool] = {}
         if self.fused:

@@ -114,10 +114,10 @@ def test_prefill_from_the_steps_kv_matches_the_pool_path(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU (Gluon TMA kernel)")
-def test_page_copies_give_the_default_launchs_logits(monkeypatch):
-    """KVSHARE_PREFILL_PAGE_COPIES=1: prefix tiles at page 16 arrive by one bulk copy per page
+def test_page_copies_give_the_triton_launchs_logits(monkeypatch):
+    """Hopper's default: prefix tiles at page 16 arrive by one bulk copy per page
     (prefill_pages_tma.py) inside the engine's graphs and work lists, with head_dim 128; the logits
-    are the default launch's within bf16 rounding. Chunks of 96 after prefixes of up to 300 tokens
+    are the Triton launch's (KVSHARE_PREFILL_PAGE_COPIES=0) within bf16 rounding. Chunks of 96 after prefixes of up to 300 tokens
     make several whole and partial prefix tiles."""
     kw = dict(model="dummy:tiny-llama-hd128", lengths=(7, 200, 400), chunk=96)
     on, off = _first_logits(True, monkeypatch, page_copies=True, **kw), _first_logits(True, monkeypatch, **kw)
