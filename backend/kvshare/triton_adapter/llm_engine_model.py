@@ -225,10 +225,11 @@ class LLMEngineModel:
             key = get("request_key")
             base_id = _keyed_id(key) if key is not None else f"{request.request_id() or 'req'}#{next(self._ids)}"
             log.debug("llm_engine: request %s arrived (%d row(s))", base_id, len(rows))
-            self._submit(base_id, rows, sender, _timeout_s(request))
+            self._submit(base_id, rows, sender, _timeout_s(request), frozenset(request.requested_output_names()))
         return None
 
-    def _submit(self, base_id: str, rows: list[GenerationRequest], sender, timeout_s: float | None) -> None:
+    def _submit(self, base_id: str, rows: list[GenerationRequest], sender, timeout_s: float | None,
+                requested: frozenset[str] = frozenset()) -> None:
         """One engine request per row and sequence: num_return_sequences n > 1 forks n - 1 of them
         from the first (one prefill); a beam search is one engine request. All or none go in."""
         members = []
@@ -246,7 +247,7 @@ class LLMEngineModel:
                            sender.is_cancelled, batch_sink=self.pump.put_many, fork_of=parent, timeout_s=timeout_s)
                 for rid, row, _, parent in members]
         for rid, row, s, _ in members:
-            self.pump.register(rid, ClientStream(sender, row, sequence_index=s, reply=reply))
+            self.pump.register(rid, ClientStream(sender, row, sequence_index=s, reply=reply, requested=requested))
         try:
             accepted = self.group.try_submit_all(base_id, subs)
             refusal = None if accepted else overloaded_response(pb_utils, self.group.in_flight,

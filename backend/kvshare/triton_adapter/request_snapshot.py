@@ -26,11 +26,13 @@ class _Unreadable:
 
 @dataclass(frozen=True)
 class RequestSnapshot:
-    """A request's response sender, input arrays (by name), parameters JSON and id."""
+    """A request's response sender, input arrays (by name), parameters JSON, id, and the outputs its
+    client asked for (empty: every one; a response must carry no other: response_stream.only_requested)."""
     sender: object
     arrays: Mapping[str, object]
     parameters: str
     request_id: str
+    requested_outputs: frozenset[str] = frozenset()
 
     def get(self, name: str) -> np.ndarray | None:
         """The input's array, None when the request has no such input; raises what reading it raised."""
@@ -50,4 +52,5 @@ def snapshot_request(request) -> RequestSnapshot:
             arrays[tensor.name()] = array if array.dtype == np.object_ else array.copy()
         except Exception as exc:  # noqa: BLE001 - raised again where the worker reads it
             arrays[tensor.name()] = _Unreadable(exc)
-    return RequestSnapshot(request.get_response_sender(), arrays, request.parameters(), request.request_id())
+    return RequestSnapshot(request.get_response_sender(), arrays, request.parameters(), request.request_id(),
+                           frozenset(request.requested_output_names()))

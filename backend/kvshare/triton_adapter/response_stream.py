@@ -49,6 +49,9 @@ class ClientStream:
     sequence_index: int = 0
     reply: Reply | None = None          # None: this engine request is the whole Triton request
     cum_logprob: float = 0.0            # over the tokens sent so far (cum_log_probs is cumulative)
+    # The outputs its client asked for (requested_output_names(); empty: every one). A response
+    # carries only these: see only_requested.
+    requested: frozenset[str] = frozenset()
 
     def closes_reply(self) -> bool:
         """Called once, when this stream's final output goes out: is it the request's last?"""
@@ -56,6 +59,19 @@ class ClientStream:
             return True
         self.reply.open -= 1
         return self.reply.open == 0
+
+
+def only_requested(tensors: list, requested: frozenset[str]) -> list:
+    """The tensors a response may carry: those its request asked for (all when it names none).
+
+    Triton 2.51's Python backend drops the others inside ResponseSender.send() with the GIL
+    released, and dropping a tensor frees its numpy array: without the GIL that corrupts the stub's
+    object allocator, which later crashes the stub (a soak reproduced it: a segfault in pymalloc on
+    the stub's BLS-response thread). The fix upstream holds the GIL there (python_backend #390,
+    after 24.10); until then nothing must be left for send() to drop."""
+    if not requested:
+        return tensors
+    return [t for t in tensors if t.name() in requested]
 
 
 def error_response(pb, message: str, code: str = "INVALID_ARG"):
@@ -170,13 +186,13 @@ class ResponseBuilder:
         return tensor
 
     def response(self, out: RequestOutput, req: GenerationRequest, sequence_index: int = 0,
-                 cum_logprob: float = 0.0):
+                 cum_logprob: float = 0.0, requested: frozenset[str] = frozenset()):
         """The response tensors of one output, shaped as TensorRT-LLM's: text_output rank 1 (one
         string per beam), the per-response scalars [1, 1]; batch_index only for a batched request,
         sequence_index only for num_return_sequences > 1 (as TRT-LLM sends them)."""
         pb = self._pb
         if out.beams:
-            return pb.InferenceResponse(output_tensors=self._beam_tensors(out, req))
+            return pb.InferenceResponse(output_tensors=only_requested(self._beam_tensors(out, req), requested))
         text = (self._empty_text() if not out.text
                 else pb.Tensor("text_output", np.array([out.text.encode("utf-8")], dtype=np.object_)))
         tensors = [
@@ -194,7 +210,7 @@ class ResponseBuilder:
             tensors.append(pb.Tensor("context_logits", out.context_logits.numpy().astype(np.float32)[None]))
         if req.return_generation_logits:
             tensors.append(pb.Tensor("generation_logits", _stack(out.generation_logits).reshape(1, 1, len(out.generation_logits), -1)))
-        return pb.InferenceResponse(output_tensors=tensors)
+        return pb.InferenceResponse(output_tensors=only_requested(tensors, requested))
 
     def _common(self, tensors: list, out: RequestOutput, req: GenerationRequest, sequence_index: int) -> None:
         if req.return_num_input_tokens:
@@ -351,7 +367,7 @@ class ResponsePump:
                 if self._faults is not None:      # not on an error final: that one must reach the client
                     self._faults.check("pump")
                 response = self._builder.response(out, stream.request, stream.sequence_index,
-                                                  stream.cum_logprob + sum(out.logprobs))
+                                                  stream.cum_logprob + sum(out.logprobs), stream.requested)
         except Exception as exc:
             log.exception("building a response of request %s failed", out.request_id)
             self._fail(out.request_id, stream, out.finished, f"internal error while building a response: {exc}")

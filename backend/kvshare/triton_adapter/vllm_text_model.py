@@ -550,8 +550,8 @@ class VLLMTextModel:
                 if due is None:
                     continue
                 tensors, last = due
-                reply = pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor(n, a) for n, a in tensors.items() if n in self.output_names])
+                reply = pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor(n, a) for n, a in tensors.items() if n in (request.requested_outputs or self.output_names)])
                 if last:
                     send_final(reply)
                 else:

@@ -21,8 +21,12 @@ class _Tensor:
 
 
 class _Request:
-    def __init__(self, tensors):
+    def __init__(self, tensors, requested=()):
         self._tensors = tensors
+        self._requested = list(requested)
+
+    def requested_output_names(self):
+        return self._requested
 
     def inputs(self):
         return self._tensors
@@ -54,3 +58,9 @@ def test_an_unreadable_input_raises_where_the_worker_reads_it():
     assert snap.get("stream").tolist() == [True]
     with pytest.raises(ValueError, match="bad bytes"):
         snap.get("text_input")
+
+
+def test_the_outputs_the_client_asked_for_are_kept():
+    snap = snapshot_request(_Request([], requested=["text_output", "finish_reason"]))
+    assert snap.requested_outputs == frozenset({"text_output", "finish_reason"})
+    assert snapshot_request(_Request([])).requested_outputs == frozenset()

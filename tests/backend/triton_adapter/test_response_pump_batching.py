@@ -108,9 +108,9 @@ class Harness:
         self.pump = ResponsePump(FakePb, stream_interval=interval)
         self._probes = 0
 
-    def add(self, rid, req=None, sender=None) -> FakeSender:
+    def add(self, rid, req=None, sender=None, requested=frozenset()) -> FakeSender:
         sender = sender or FakeSender()
-        self.pump.register(rid, ClientStream(sender, req or request()))
+        self.pump.register(rid, ClientStream(sender, req or request(), requested=requested))
         return sender
 
     def step(self, outputs: list[RequestOutput]) -> None:
@@ -201,6 +201,19 @@ def test_a_non_streaming_request_gets_one_response_with_everything(harness_facto
     run_tokens(h, "a", 6)
     assert len(s.sent) == 1 and s.sent[0].final
     assert s.sent[0].ids == list(range(100, 106)) and s.sent[0].text == "".join(f"t{i} " for i in range(6))
+
+
+def test_a_response_carries_only_the_outputs_its_client_asked_for(harness_factory):
+    """Triton 2.51 drops unrequested tensors inside send() without the GIL, which corrupts the stub's
+    allocator (response_stream.only_requested): none may reach send()."""
+    h = harness_factory(1)
+    s = h.add("a", request(num_in=True, num_out=True), requested=frozenset({"output_ids", "finish_reason"}))
+    every = h.add("b", request(num_in=True, num_out=True))
+    run_tokens(h, "a", 3)
+    run_tokens(h, "b", 3)
+    assert [set(r.tensors) for r in s.sent] == [{"output_ids", "finish_reason"}] * 3
+    assert all({"text_output", "cached_tokens", "num_input_tokens", "num_output_tokens"} <= set(r.tensors)
+               for r in every.sent)
 
 
 def test_an_error_ends_the_stream_with_an_error_response(harness_factory):

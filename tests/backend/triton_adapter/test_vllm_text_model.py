@@ -349,10 +349,14 @@ class FakeSender:
 
 
 class FakeRequest:
-    def __init__(self, parameters="{}", **tensors):
+    def __init__(self, parameters="{}", requested=(), **tensors):
         self.tensors = {k: FakeTensor(k, v) for k, v in tensors.items()}
         self._parameters = parameters
+        self._requested = list(requested)
         self.sender = FakeSender()
+
+    def requested_output_names(self):
+        return self._requested
 
     def get_response_sender(self):
         return self.sender
@@ -413,6 +417,21 @@ def test_serve_streams_and_sets_the_final_flag_on_the_last_data_response(vm, tok
     bls = FakeBLS.generations[0]
     assert bls.inputs["input_ids"].tolist() == [[1, 2, 3]] and scalar(bls.inputs["max_tokens"]) == 2
     assert len(bls.inputs["request_key"][0, 0]) == 32 and not FakeBLS.cancels
+    model.watch.close()
+
+
+def test_a_response_carries_only_the_outputs_the_client_asked_for(vm, tokenizer):
+    """A client that names text_output alone gets text_output alone, even with return_finish_reason
+    on: Triton 2.51 would drop the rest inside send() without the GIL (response_stream.only_requested)."""
+    model = make_model(vm, tokenizer)
+    FakeBLS.script = lambda bls: engine_stream(engine_arrays("Hel", [5]), engine_arrays("lo", [6], "length"))
+    req = FakeRequest(text_input=s("Hi"), stream=b(True), return_finish_reason=b(True),
+                      requested=["text_output"])
+    serve(model, req)
+    assert [set(r.arrays()) for r, _ in req.sender.sent] == [{"text_output"}, {"text_output"}]
+    req = FakeRequest(text_input=s("Hi"), stream=b(True), return_finish_reason=b(True))
+    serve(model, req)
+    assert [set(r.arrays()) for r, _ in req.sender.sent] == [{"text_output", "finish_reason"}] * 2
     model.watch.close()
 
 
