@@ -20,7 +20,7 @@ from ..engine.outputs import InvalidRequest
 from . import contract
 from .logs import configure_logging
 from .request_snapshot import RequestSnapshot, snapshot_request
-from .response_stream import error_response, serve_to_the_end
+from .response_stream import error_response, only_requested, serve_to_the_end
 from .text_prompt import TextPrompter
 
 log = logging.getLogger("kvshare.triton")
@@ -93,7 +93,7 @@ class BLSTextModel:
                 if not cancelled and sender.is_cancelled():
                     cancelled = True
                     self._cancel(key)
-                tensors = response.output_tensors()
+                tensors = only_requested(response.output_tensors(), request.requested_outputs)
                 if tensors and not cancelled:
                     sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
         except Exception as exc:  # the engine model went away, or BLS failed: the client still gets an end
