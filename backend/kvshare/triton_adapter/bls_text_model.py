@@ -18,6 +18,7 @@ import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
 from . import contract
+from .bls_retention import FinishedStreams
 from .logs import configure_logging
 from .request_snapshot import RequestSnapshot, snapshot_request
 from .response_stream import error_response, only_requested, serve_to_the_end
@@ -54,6 +55,7 @@ class BLSTextModel:
         # One thread per stream in flight: BLS iteration blocks while the engine generates.
         self.pool = ThreadPoolExecutor(max_workers=int(self.prompter.params.get("max_streams", "1024")),
                                        thread_name_prefix="llm-bls")
+        self.finished = FinishedStreams()       # freed with the GIL held (bls_retention.py)
 
     def execute(self, requests):
         for request in requests:     # read here, on the stub's thread (request_snapshot.py)
@@ -62,6 +64,7 @@ class BLSTextModel:
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.finished.clear()
 
     def _serve(self, request: RequestSnapshot) -> None:
         serve_to_the_end(pb_utils, "llm_bls", request, self._stream, log)
@@ -85,17 +88,21 @@ class BLSTextModel:
         cancelled = False
         try:
             bls = pb_utils.InferenceRequest(model_name=ENGINE, inputs=inputs, requested_output_names=self.outputs)
-            for response in bls.exec(decoupled=True):
-                if response.has_error():
-                    sender.send(pb_utils.InferenceResponse(output_tensors=[], error=_as_text_error(response.error())),
-                                flags=final)
-                    return
-                if not cancelled and sender.is_cancelled():
-                    cancelled = True
-                    self._cancel(key)
-                tensors = only_requested(response.output_tensors(), request.requested_outputs)
-                if tensors and not cancelled:
-                    sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+            stream = bls.exec(decoupled=True)
+            try:
+                for response in stream:
+                    if response.has_error():
+                        sender.send(pb_utils.InferenceResponse(output_tensors=[], error=_as_text_error(response.error())),
+                                    flags=final)
+                        return
+                    if not cancelled and sender.is_cancelled():
+                        cancelled = True
+                        self._cancel(key)
+                    tensors = only_requested(response.output_tensors(), request.requested_outputs)
+                    if tensors and not cancelled:
+                        sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+            finally:
+                self.finished.keep(stream)     # after its last response (bls_retention.py)
         except Exception as exc:  # the engine model went away, or BLS failed: the client still gets an end
             log.exception("llm_bls stream failed")
             sender.send(error_response(pb_utils, f"llm_bls: {exc}", "INTERNAL"), flags=final)
@@ -106,5 +113,7 @@ class BLSTextModel:
         ctl = pb_utils.InferenceRequest(
             model_name=ENGINE, requested_output_names=[],
             inputs=[pb_utils.Tensor("input_ids", np.zeros((1, 1), dtype=np.int32)), _key_tensor("cancel_request_key", key)])
-        for _ in ctl.exec(decoupled=True):
+        stream = ctl.exec(decoupled=True)
+        for _ in stream:
             pass
+        self.finished.keep(stream)

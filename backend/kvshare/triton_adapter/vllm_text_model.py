@@ -40,6 +40,7 @@ import triton_python_backend_utils as pb_utils
 from ..engine.outputs import InvalidRequest
 from .inputs import Getter, decode_utf8
 from .logs import configure_logging
+from .bls_retention import FinishedStreams
 from .request_snapshot import RequestSnapshot, snapshot_request
 from .response_stream import error_response, serve_to_the_end
 from .text_prompt import TextPrompter
@@ -480,6 +481,7 @@ class VLLMTextModel:
         self.pool = ThreadPoolExecutor(max_workers=int(self.prompter.params.get("max_streams", "1024")),
                                        thread_name_prefix="vllm-model")
         self.watch = CancelWatch(float(self.prompter.params.get("cancel_poll_s", "0.05")))
+        self.finished = FinishedStreams()       # freed with the GIL held (bls_retention.py)
 
     def execute(self, requests):
         for request in requests:     # read here, on the stub's thread (request_snapshot.py)
@@ -489,6 +491,7 @@ class VLLMTextModel:
     def finalize(self):
         self.watch.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.finished.clear()
 
     def _decode(self, token: int) -> str:
         return self.prompter.tokenizer.decode([token])
@@ -535,27 +538,31 @@ class VLLMTextModel:
             bls = pb_utils.InferenceRequest(model_name=self.engine_name, inputs=inputs,
                                             requested_output_names=req.engine_outputs())
             assembler = OutputAssembler(req, self._decode)
-            for response in bls.exec(decoupled=True):
-                if final_sent or cancelled.is_set():
-                    continue          # drain: llm_engine ends the request (cancelled, or after an error)
-                if response.has_error():
-                    send_final(self._engine_error(response.error(), req.field_prefix))
-                    if not assembler.done:
-                        self._cancel(key, req.n)      # the other sequences of n > 1
-                    continue
-                arrays = {t.name(): t.as_numpy() for t in response.output_tensors()}
-                if not arrays:
-                    continue          # llm_engine's flags-only final
-                due = assembler.add(engine_response(arrays))
-                if due is None:
-                    continue
-                tensors, last = due
-                reply = pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor(n, a) for n, a in tensors.items() if n in (request.requested_outputs or self.output_names)])
-                if last:
-                    send_final(reply)
-                else:
-                    sender.send(reply)
+            stream = bls.exec(decoupled=True)
+            try:
+                for response in stream:
+                    if final_sent or cancelled.is_set():
+                        continue          # drain: llm_engine ends the request (cancelled, or after an error)
+                    if response.has_error():
+                        send_final(self._engine_error(response.error(), req.field_prefix))
+                        if not assembler.done:
+                            self._cancel(key, req.n)      # the other sequences of n > 1
+                        continue
+                    arrays = {t.name(): t.as_numpy() for t in response.output_tensors()}
+                    if not arrays:
+                        continue          # llm_engine's flags-only final
+                    due = assembler.add(engine_response(arrays))
+                    if due is None:
+                        continue
+                    tensors, last = due
+                    reply = pb_utils.InferenceResponse(output_tensors=[
+                        pb_utils.Tensor(n, a) for n, a in tensors.items() if n in (request.requested_outputs or self.output_names)])
+                    if last:
+                        send_final(reply)
+                    else:
+                        sender.send(reply)
+            finally:
+                self.finished.keep(stream)     # after its last response (bls_retention.py)
         except Exception as exc:  # llm_engine went away, or BLS failed: the client still gets an end
             log.exception("vllm_model stream failed")
             if not final_sent:
@@ -590,7 +597,9 @@ class VLLMTextModel:
                     model_name=self.engine_name, requested_output_names=[],
                     inputs=[pb_utils.Tensor("input_ids", np.zeros((1, 1), dtype=np.int32)),
                             _key_tensor("cancel_request_key", k)])
-                for _ in ctl.exec(decoupled=True):
+                stream = ctl.exec(decoupled=True)
+                for _ in stream:
                     pass
+                self.finished.keep(stream)
             except Exception:
                 log.exception("vllm_model: cancel request to llm_engine failed")

@@ -394,6 +394,7 @@ def make_model(vm, tokenizer, poll_s=0.01):
     model.output_names = {"text_output", "finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens",
                           "num_output_tokens"}
     model.watch = vm.CancelWatch(poll_s)
+    model.finished = vm.FinishedStreams()
     return model
 
 
