@@ -38,9 +38,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
+from .bls_retention import FinishedStreams
 from .inputs import Getter, decode_utf8
 from .logs import configure_logging
-from .bls_retention import FinishedStreams
 from .request_snapshot import RequestSnapshot, snapshot_request
 from .response_stream import error_response, serve_to_the_end
 from .text_prompt import TextPrompter
@@ -538,6 +538,9 @@ class VLLMTextModel:
             bls = pb_utils.InferenceRequest(model_name=self.engine_name, inputs=inputs,
                                             requested_output_names=req.engine_outputs())
             assembler = OutputAssembler(req, self._decode)
+            # only what the client asked for: Triton 2.51 would drop the rest without the GIL
+            # (response_stream.only_requested)
+            wanted = request.requested_outputs or self.output_names
             stream = bls.exec(decoupled=True)
             try:
                 for response in stream:
@@ -555,8 +558,8 @@ class VLLMTextModel:
                     if due is None:
                         continue
                     tensors, last = due
-                    reply = pb_utils.InferenceResponse(output_tensors=[
-                        pb_utils.Tensor(n, a) for n, a in tensors.items() if n in (request.requested_outputs or self.output_names)])
+                    reply = pb_utils.InferenceResponse(
+                        output_tensors=[pb_utils.Tensor(n, a) for n, a in tensors.items() if n in wanted])
                     if last:
                         send_final(reply)
                     else:
