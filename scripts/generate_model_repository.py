@@ -1,4 +1,4 @@
-"""Writes model_repository/*/config.pbtxt and docs/contract.md from one table of the wire contract.
+"""Writes model_repository/*/config.pbtxt and docs/integrate/contract.md from one table of the wire contract.
 
 The table is backend/kvshare/triton_adapter/contract.py. Run after changing it:
 `.venv/bin/python scripts/generate_model_repository.py`. tests/backend/engine/test_outputs_and_config.py
@@ -135,7 +135,7 @@ parameters {{ key: "engine_model_name" value: {{ string_value: "{C.ENGINE}" }} }
 
 CONFIGS = {C.ENGINE: llm_engine, C.PREPROCESSING: preprocessing, C.ENSEMBLE: ensemble, C.BLS: llm_bls,
            C.VLLM: vllm_model}
-DOCS = {"contract.md": C.render_markdown}
+DOCS = {"integrate/contract.md": C.render_markdown}
 
 
 def main(repo: Path, docs: Path | None) -> None:
@@ -144,6 +144,7 @@ def main(repo: Path, docs: Path | None) -> None:
         (repo / name / "config.pbtxt").write_text(make())
     if docs is not None:
         for name, make in DOCS.items():
+            (docs / name).parent.mkdir(parents=True, exist_ok=True)
             (docs / name).write_text(make())
 
 

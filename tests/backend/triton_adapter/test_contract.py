@@ -171,7 +171,7 @@ def test_docs_contract_md_is_generated_from_the_table():
     spec.loader.exec_module(gen)
     for name, make in gen.DOCS.items():
         assert (ROOT / "docs" / name).read_text() == make(), f"docs/{name} drifted: run the generator"
-    text = (ROOT / "docs" / "contract.md").read_text()
+    text = (ROOT / "docs" / "integrate" / "contract.md").read_text()
     for name in list(TRTLLM_BLS_INPUTS) + list(OLD_NAMES) + list(TRTLLM_OUTPUTS):
         assert f"`{name}`" in text, name
 
