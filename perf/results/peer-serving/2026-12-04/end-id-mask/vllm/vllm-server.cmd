@@ -1,1 +1,0 @@
-/opt/torch/.venv/bin/python3 -m vllm.entrypoints.cli.main serve /tmp/kvshare-serving/models/llama-2-7b-dummy --served-model-name llama-2-7b --load-format dummy --skip-tokenizer-init --dtype float16 --seed 0 --max-num-seqs 256 --max-model-len 4096 --gpu-memory-utilization 0.9 --host 127.0.0.1 --port 34811
