@@ -21,10 +21,21 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     # Anything transformers' rope initialisers need beyond theta (llama3 scaling, yarn...).
     rope_parameters: tuple[tuple[str, object], ...] = field(default=())
+    # Sliding-window size per layer (0 = full causal attention); () = every layer full.
+    layer_windows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+
+    @property
+    def kv_release_window(self) -> int:
+        """W when every layer slides the same window W > 0: pages wholly before the window can go back
+        to the pool while a request runs. 0 when any layer attends fully (its pages stay needed)."""
+        if len(self.layer_windows) != self.num_layers or not self.layer_windows:
+            return 0
+        first = self.layer_windows[0]
+        return first if first > 0 and all(w == first for w in self.layer_windows) else 0
 
     @property
     def kv_bytes_per_token(self) -> int:
