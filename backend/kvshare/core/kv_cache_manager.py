@@ -18,6 +18,14 @@ With a DiskTier below the host tier, every spilled page is also written to a fil
 prompt's disk pages into host slots (fills) so that its admission finds them in the host tier. The
 engine reports finished jobs back (on_disk_written, on_disk_read) before it schedules a step.
 
+With a sliding window (window W > 0: every layer reads only its last W keys), a sequence's pages
+lying wholly before the window of its next query go back to the pool while it runs
+(release_window, called from commit): its page-table slot becomes RELEASED (-1), the page is
+decref'd (a page another sequence or the prefix cache holds stays; a registered one becomes cached
+and evictable as usual). Full pages are registered before they are released, so a later prompt
+with the same prefix still hits them while they are cached; an admission or fork never takes a
+reference on hit pages wholly before its window (core/window.py draws the slots).
+
 Rules: only a page with refcount 1 owned by one sequence is ever written (its tail, at positions
 >= num_committed); shared pages are full and immutable; a prompt always leaves >= 1 token to
 compute; allocation is all-or-nothing. Copy-on-write sources are *pinned* (refcount + 1) from
@@ -45,6 +53,7 @@ from kvshare.core.prefix_cache import (
     blake2b_128,
 )
 from kvshare.core.types import DiskRead, DiskWrite, PageCopy, PoolStats
+from kvshare.core.window import RELEASED, max_pages_held, pages_before_window
 
 log = logging.getLogger("kvshare.core")
 
@@ -66,6 +75,8 @@ class _SeqPages:
     chain: list[CachedPage]  # chain[j] verifies the content of table[j] (may be a duplicate's entry)
     num_committed: int
     registrable: bool = True  # False once the chain broke (collision, dropped parent)
+    num_released: int = 0  # table[:num_released] are RELEASED: wholly before the window (window > 0)
+    next_query: int = 0  # the furthest first query release_window() was told of (>= num_committed there)
 
 
 class KVCacheManager:
@@ -82,12 +93,17 @@ class KVCacheManager:
         host_tier: HostTier | None = None,
         host_min_hits: int = 1,
         disk_tier: DiskTier | None = None,
+        window: int = 0,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if window < 0:
+            raise ValueError(f"window must be >= 0 (0 = full attention), got {window}")
         if host_min_hits < 0:
             raise ValueError(f"host_min_hits must be >= 0, got {host_min_hits}")
         self.page_size = page_size
+        # sliding window of every layer (ModelConfig.kv_release_window): pages before it go back
+        self.window = window
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = PagePool(num_pages, policy, on_evict=self._on_evict)
         self.prefix = PrefixCache(
@@ -134,6 +150,16 @@ class KVCacheManager:
     def page_table(self, seq_id: int) -> tuple[int, ...]:
         record = self._seqs.get(seq_id)
         return tuple(record.table) if record else ()
+
+    def pages_held(self, seq_id: int) -> int:
+        """Pages the sequence references now: its table less the released slots."""
+        record = self._seqs.get(seq_id)
+        return len(record.table) - record.num_released if record else 0
+
+    def max_pages_held(self, num_tokens: int, chunk: int = 1) -> int:
+        """The most pages a sequence of num_tokens tokens needs at once, computing chunk tokens a
+        step: all of them with full attention, its window's with a sliding window."""
+        return max_pages_held(num_tokens, self.window, self.page_size, chunk)
 
     def growth_pages(self, seq_id: int, num_tokens: int, more: int) -> int:
         """Pages the sequence lacks to hold `more` tokens past its first num_tokens."""
@@ -210,7 +236,9 @@ class KVCacheManager:
             plan = self._fit(match, len(token_ids), token_budget, reserve_pages)
         if plan is None:
             return None
-        num_cached, num_tokens, need, hit_pages = plan
+        num_cached, num_tokens, need, hit_pages, skip = plan
+        for entry in match.full[:skip]:  # hits wholly before the window: recency only, no reference
+            self.pool.touch(entry.page)
         for page in hit_pages:  # retain first: the allocation below must not evict a hit
             self.pool.touch(page)
             self.pool.retain(page)
@@ -227,10 +255,10 @@ class KVCacheManager:
         if match.partial is not None:
             copy = PageCopy(match.partial.page, fresh[0], match.partial_tokens)
             self._pins.append(match.partial.page)
-        table = [entry.page for entry in match.full] + fresh
-        record = _SeqPages(salt, table, list(match.full), num_committed=num_cached)
+        table = [RELEASED] * skip + [entry.page for entry in match.full[skip:]] + fresh
+        record = _SeqPages(salt, table, list(match.full), num_committed=num_cached, num_released=skip)
         self._load(record, host_run, slots, fresh)
-        self._back_up(match.full)
+        self._back_up([entry for entry in match.full if entry.alive])
         self._seqs[seq_id] = record
         self.prefix_queries_tokens_total += len(token_ids)
         self.prefix_hits_tokens_total += num_cached
@@ -256,11 +284,14 @@ class KVCacheManager:
         parent = self._seqs[parent_id]
         if num_shared > parent.num_committed:
             raise ValueError(f"parent {parent_id} has {parent.num_committed} tokens computed, not {num_shared}")
+        if not self.can_fork(parent_id, num_shared):
+            raise ValueError(f"parent {parent_id} released pages inside the window of token {num_shared}")
         full, used = divmod(num_shared, self.page_size)
+        skip = pages_before_window(num_shared, self.window, self.page_size)
         need = self.pages_for(num_shared + 1) - full
         if need + reserve_pages > self.pool.num_allocatable:
             return None
-        shared = parent.table[:full]
+        shared = parent.table[skip:full]
         for page in shared:
             self.pool.retain(page)
         fresh = self.pool.allocate(need)
@@ -271,11 +302,19 @@ class KVCacheManager:
             # num_shared), in stream order before anything that could reuse the page.
             copy = PageCopy(parent.table[full], fresh[0], used)
         chain = parent.chain[:full]
-        self._seqs[seq_id] = _SeqPages(parent.salt, shared + fresh, chain, num_committed=num_shared,
-                                       registrable=parent.registrable and len(chain) == full)
+        self._seqs[seq_id] = _SeqPages(parent.salt, [RELEASED] * skip + shared + fresh, chain,
+                                       num_committed=num_shared,
+                                       registrable=parent.registrable and len(chain) == full, num_released=skip)
         self.fork_shared_tokens_total += num_shared
         self._check_watermark()
         return Admission(num_shared, 1, copy)
+
+    def can_fork(self, parent_id: int, num_shared: int) -> bool:
+        """Whether the parent still holds every page a child sharing its first num_shared tokens
+        reads (a windowed parent that ran on may have released some; then admit the child through
+        the prefix cache instead)."""
+        parent = self._seqs[parent_id]
+        return parent.num_released <= pages_before_window(num_shared, self.window, self.page_size)
 
     def num_committed(self, seq_id: int) -> int:
         record = self._seqs.get(seq_id)
@@ -358,6 +397,32 @@ class KVCacheManager:
             f"seq {seq_id}: {num_computed} tokens computed into {len(record.table)} pages"
         )
         record.num_committed = num_computed
+        self._register_full_pages(record, token_ids, num_computed)
+        if self.window:
+            self.release_window(seq_id, num_computed)
+
+    def release_window(self, seq_id: int, first_query: int) -> int:
+        """Give back the pages wholly before the window of the sequence's next query, at position
+        first_query (its computed length), that are settled: registered in the prefix cache, or
+        never to be (a page whose tokens are still pending waits for commit()). Returns how many
+        went back. O(pages released): each slot is released once."""
+        record = self._seqs[seq_id]
+        record.next_query = max(record.next_query, first_query)
+        end = min(pages_before_window(first_query, self.window, self.page_size), self._settled(record))
+        start = record.num_released
+        for index in range(start, end):
+            self.pool.release(record.table[index])
+            record.table[index] = RELEASED
+        record.num_released = max(start, end)
+        return max(0, end - start)
+
+    def _settled(self, record: _SeqPages) -> int:
+        """Leading pages whose prefix-cache registration is decided."""
+        if self.enable_prefix_caching and record.registrable:
+            return len(record.chain)
+        return len(record.table)
+
+    def _register_full_pages(self, record: _SeqPages, token_ids: Sequence[int], num_computed: int) -> None:
         if not (self.enable_prefix_caching and record.registrable):
             return
         size = self.page_size
@@ -381,7 +446,7 @@ class KVCacheManager:
         if token_ids is not None:
             self._register_tail(record, token_ids)
         # Children first, so recency-based policies evict a chain from its tail, not its root.
-        for page in reversed(record.table):
+        for page in reversed(record.table[record.num_released:]):
             self.pool.release(page)
 
     def release_pins(self) -> None:
@@ -395,19 +460,21 @@ class KVCacheManager:
 
     def _fit(
         self, match: PrefixMatch, num_prompt: int, token_budget: int, reserve_pages: int, loaded_pages: int = 0
-    ) -> tuple[int, int, int, list[int]] | None:
-        """(cached tokens, chunk tokens, fresh pages, hit pages) if the admission fits, else None.
+    ) -> tuple[int, int, int, list[int], int] | None:
+        """(cached tokens, chunk tokens, fresh pages, hit pages to retain, leading hits before the
+        window: not retained) if the admission fits, else None.
         loaded_pages: full pages after the match that come from the host tier (fresh, but cached)."""
         num_cached = match.num_tokens(self.page_size) + loaded_pages * self.page_size
         num_tokens = min(num_prompt - num_cached, token_budget)
         need = self.pages_for(num_cached + num_tokens) - len(match.full)
-        hit_pages = [entry.page for entry in match.full]
+        skip = min(len(match.full), pages_before_window(num_cached, self.window, self.page_size))
+        hit_pages = [entry.page for entry in match.full[skip:]]
         if match.partial is not None:
             hit_pages.append(match.partial.page)
         revived = sum(1 for page in hit_pages if self.pool.refcount(page) == 0)
         if need + reserve_pages > self.pool.num_allocatable - revived:
             return None
-        return num_cached, num_tokens, need, hit_pages
+        return num_cached, num_tokens, need, hit_pages, skip
 
     def _host_run(self, match: PrefixMatch, token_ids: Sequence[int], salt: bytes
                   ) -> list[tuple[bytes, bytes, tuple[int, ...]]]:
@@ -514,8 +581,9 @@ class KVCacheManager:
             log.warning("KV pool below its low watermark (%d pages): %s", self.low_watermark_pages, self.describe())
 
     def describe(self, top: int = 3) -> str:
-        holders = sorted(self._seqs.items(), key=lambda item: len(item[1].table), reverse=True)[:top]
-        listed = ", ".join(f"seq {seq_id}: {len(r.table)} pages" for seq_id, r in holders)
+        held = lambda record: len(record.table) - record.num_released  # noqa: E731
+        holders = sorted(self._seqs.items(), key=lambda item: held(item[1]), reverse=True)[:top]
+        listed = ", ".join(f"seq {seq_id}: {held(r)} pages" for seq_id, r in holders)
         return (
             f"{self.pool.describe()} pins={len(self._pins)} sequences={len(self._seqs)} "
             f"prefix_entries={len(self.prefix)} top holders: [{listed}]"
@@ -533,8 +601,14 @@ class KVCacheManager:
             self.disk.check_integrity()
         refs: Counter[int] = Counter(self._pins)
         for seq_id, record in self._seqs.items():
-            refs.update(record.table)
-            assert len(set(record.table)) == len(record.table), f"seq {seq_id} lists a page twice: {record.table}"
+            released, live = record.table[:record.num_released], record.table[record.num_released:]
+            assert all(page == RELEASED for page in released), f"seq {seq_id}: a released slot holds a page"
+            assert all(page >= 0 for page in live), f"seq {seq_id}: a RELEASED slot after the first live page"
+            bound = pages_before_window(max(record.num_committed, record.next_query), self.window, self.page_size)
+            assert record.num_released <= bound, (
+                f"seq {seq_id}: {record.num_released} pages released, only {bound} lie before its window")
+            refs.update(live)
+            assert len(set(live)) == len(live), f"seq {seq_id} lists a page twice: {record.table}"
             assert record.num_committed <= len(record.table) * self.page_size, f"seq {seq_id}: table too short"
             assert len(record.chain) <= len(record.table), f"seq {seq_id}: chain longer than table"
             for entry in record.chain:

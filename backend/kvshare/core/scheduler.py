@@ -146,10 +146,13 @@ class Scheduler:
         salt_bytes = salt.encode() if isinstance(salt, str) else bytes(salt)
         seq = Sequence(seq_id, [int(t) for t in prompt_ids], len(prompt_ids), salt_bytes, max_new_tokens,
                        fork_of=fork_of)
-        need = self.kv.pages_for(seq.max_kv_tokens())
+        # With a sliding window a sequence holds at most its window's pages at once (the rest go back
+        # as it runs), and a prefill shrinks its chunk to the pages there are: that bound must fit.
+        need = self.kv.max_pages_held(seq.max_kv_tokens())
         if need > self.kv.pool.num_pages:
+            held = f" at once (window {self.kv.window})" if self.kv.window else ""
             self._rejected.append((seq_id, (
-                f"request needs {need} KV pages ({len(prompt_ids)} prompt + {max_new_tokens} new tokens "
+                f"request needs {need} KV pages{held} ({len(prompt_ids)} prompt + {max_new_tokens} new tokens "
                 f"at page_size {self.kv.page_size}) but the whole pool has {self.kv.pool.num_pages} pages"
             )))
             return
@@ -346,7 +349,9 @@ class Scheduler:
         # copy-on-write page is only filled by that step's copies, which run alongside the
         # child's: forking then copied an empty page, and the child registered it as a prefix.)
         if self.kv.num_committed(parent.seq_id) >= seq.num_prompt_tokens:
-            return parent.seq_id
+            # a windowed parent may have released pages the child still reads: the prefix cache then
+            # serves them (they were registered before their release) or the child computes them
+            return parent.seq_id if self.kv.can_fork(parent.seq_id, seq.num_prompt_tokens - 1) else None
         return -1
 
     def _admission_order(self) -> tuple[list[Sequence], list[Sequence]]:
@@ -471,6 +476,10 @@ class Scheduler:
                 self.kv.commit(seq.seq_id, seq.token_ids, seq.num_computed)
                 if seq.num_computed >= seq.num_prompt_tokens:
                     self._stop_computing(seq.seq_id)
+            elif self.kv.window:
+                # a decode commits in resolve(); what fell out of its window goes back now (in stream
+                # order, after this step's reads of it)
+                self.kv.release_window(seq.seq_id, seq.num_computed)
             if seq.reached_max_tokens:
                 del self._running[seq.seq_id]
                 self._stop_computing(seq.seq_id)
