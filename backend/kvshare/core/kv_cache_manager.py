@@ -472,7 +472,15 @@ class KVCacheManager:
         if match.partial is not None:
             hit_pages.append(match.partial.page)
         revived = sum(1 for page in hit_pages if self.pool.refcount(page) == 0)
-        if need + reserve_pages > self.pool.num_allocatable - revived:
+        room = self.pool.num_allocatable - revived - reserve_pages
+        if need > room and self.window:
+            # A windowed request may be longer than the pool: its first chunk shrinks to the pages
+            # there are, as a running prefill's does (Scheduler.add checked that its window fits).
+            num_tokens = min(num_tokens, (len(match.full) + room) * self.page_size - num_cached)
+            if num_tokens < 1:
+                return None
+            need = self.pages_for(num_cached + num_tokens) - len(match.full)
+        if need > room:
             return None
         return num_cached, num_tokens, need, hit_pages, skip
 
@@ -613,7 +621,7 @@ class KVCacheManager:
             assert len(record.chain) <= len(record.table), f"seq {seq_id}: chain longer than table"
             for entry in record.chain:
                 assert entry.is_full, f"seq {seq_id}: partial entry {entry!r} in its chain"
-            for page in record.table[record.num_committed // self.page_size :]:
+            for page in record.table[max(record.num_released, record.num_committed // self.page_size):]:
                 count = self.pool.refcount(page)
                 assert count == 1, f"seq {seq_id}: writable page {page} has refcount {count} (must be private)"
         for page in range(self.pool.num_pages):

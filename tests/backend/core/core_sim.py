@@ -16,11 +16,12 @@ from kvshare.core.host_tier import HostTier
 
 def make_runner(num_pages: int = 16, page_size: int = 4, *, max_running: int = 8, max_step_tokens: int = 64,
                 max_prefill_chunk: int = 64, policy: str = "lru", host_slots: int = 0, host_min_hits: int = 1,
-                **scheduler_kw) -> "ShadowRunner":
+                window: int = 0, **scheduler_kw) -> "ShadowRunner":
     """A ShadowRunner over a fresh pool (no watermark warnings) and a Scheduler with debug checks on;
     host_slots > 0 puts a HostTier of that many pages below the pool."""
     kv = KVCacheManager(num_pages, page_size, policy=policy, low_watermark=0.0,
-                        host_tier=HostTier(host_slots) if host_slots else None, host_min_hits=host_min_hits)
+                        host_tier=HostTier(host_slots) if host_slots else None, host_min_hits=host_min_hits,
+                        window=window)
     scheduler = Scheduler(kv, max_running=max_running, max_step_tokens=max_step_tokens,
                           max_prefill_chunk=max_prefill_chunk, debug_checks=True, **scheduler_kw)
     return ShadowRunner(scheduler)
@@ -108,7 +109,9 @@ class ShadowRunner:
             assert chunk.samples == (end == len(tokens)), f"{chunk}: samples flag wrong"
             table = self.scheduler.page_table(chunk.seq_id)
             assert len(table) * size >= end, f"{chunk}: page table {table} too short"
-            for pos in range(chunk.start):  # attention reads the cached context
+            window = self.kv.window     # a sliding window reads only its last `window` keys
+            first = max(0, chunk.start - window + 1) if window else 0
+            for pos in range(first, chunk.start):  # attention reads the cached context
                 got = self.slots.get(self.slot(chunk.seq_id, pos))
                 assert got == self.fingerprint(chunk.seq_id, pos), (
                     f"seq {chunk.seq_id} position {pos}: page {table[pos // size]} holds another prefix"
