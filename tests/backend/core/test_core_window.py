@@ -255,7 +255,7 @@ def test_scheduler_replay_reads_the_right_keys_inside_every_window(page_size, wi
     active, the pool whole, nothing rejected that the window lets fit."""
     rng = random.Random(seed)
     runner = make_runner(num_pages=num_pages, page_size=page_size, max_running=4, max_step_tokens=24,
-                         max_prefill_chunk=rng.choice([2, 5, 24]), window=window)
+                         max_prefill_chunk=rng.choice([2, 5, 24]), window=window, host_slots=rng.choice([0, 6]))
     stem = [rng.randrange(40) for _ in range(rng.randrange(4, 30))]
     parents: list[int] = []
     needs: dict[int, int] = {}
