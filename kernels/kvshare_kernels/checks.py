@@ -71,8 +71,36 @@ def check_attention_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         _require(t.device == k_cache.device, f"{name} is on {t.device}, the cache on {k_cache.device}")
 
 
-def check_page_table_values(page_table: torch.Tensor, context_lens: torch.Tensor, num_pages: int, page_size: int) -> None:
-    """Every page that holds one of the first context_lens[b] tokens must be a pool page."""
+def check_window_args(window: int, softcap: float, what: str) -> tuple[int, float]:
+    """window: a query at position p attends keys j with p - window < j <= p (0: all j <= p);
+    softcap: scores become softcap * tanh(score / softcap) before the softmax (0: none)."""
+    window, softcap = int(window), float(softcap)
+    _require(window >= 0, f"{what}: window must be >= 0 (0 = full causal attention), got {window}")
+    _require(softcap >= 0.0, f"{what}: softcap must be >= 0 (0 = none), got {softcap}")
+    return window, softcap
+
+
+def unsupported(what: str, **args) -> None:
+    """Raise NotImplementedError naming the first argument this path cannot honour (non-zero), so a
+    caller never gets full attention or uncapped scores in silence."""
+    for name, value in args.items():
+        if value:
+            raise NotImplementedError(f"{what} does not support {name}={value!r}")
+
+
+def first_window_key(first_query: torch.Tensor, window: int) -> torch.Tensor:
+    """The first key position any query of a request can see: a query at p sees p - window < j."""
+    if window <= 0:
+        return torch.zeros_like(first_query)
+    return (first_query - window + 1).clamp(min=0)
+
+
+def check_page_table_values(page_table: torch.Tensor, context_lens: torch.Tensor, num_pages: int, page_size: int,
+                            window: int = 0, query_lens: torch.Tensor | None = None) -> None:
+    """Every page that holds one of the first context_lens[b] tokens must be a pool page; with a
+    window, only those from the page of the request's first visible key on (pages wholly before its
+    window may hold -1: the pool has taken them back). query_lens: the requests' new tokens (prefill;
+    the first query sits at context_len - query_len), default one (decode)."""
     pt = page_table.detach().cpu().long()
     lens = context_lens.detach().cpu().long()
     max_pages = pt.shape[1]
@@ -85,6 +113,10 @@ def check_page_table_values(page_table: torch.Tensor, context_lens: torch.Tensor
         raise PageTableError(f"context_lens[{b}] = {int(lens[b])} needs more than the page table's "
                              f"{max_pages} pages of {page_size} tokens")
     used = torch.arange(max_pages)[None, :] < (lens[:, None] + page_size - 1) // page_size
+    if window > 0:
+        q_lens = torch.ones_like(lens) if query_lens is None else query_lens.detach().cpu().long()
+        first_page = first_window_key(lens - q_lens, window) // page_size
+        used &= torch.arange(max_pages)[None, :] >= first_page[:, None]
     bad = used & ((pt < 0) | (pt >= num_pages))
     if bad.any():
         b, j = (int(x) for x in bad.nonzero()[0])

@@ -20,11 +20,15 @@ def native_applies(q: torch.Tensor, k_cache: torch.Tensor, scales: dict) -> bool
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                            context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
-                           max_context: int | None = None, debug: bool | None = None, **scales) -> torch.Tensor:
+                           max_context: int | None = None, window: int = 0, softcap: float = 0.0,
+                           debug: bool | None = None, **scales) -> torch.Tensor:
     """reference.paged_decode_attention's contract; the native op where native_applies()."""
-    if not native_applies(q, k_cache, scales):
+    if window or softcap or not native_applies(q, k_cache, scales):
+        # The native op reads every page from 0 and has no cap: windowed and capped layers take the
+        # reference, which skips the released pages before a window.
         return reference.paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out,
-                                                max_context=max_context, debug=debug, **scales)
+                                                max_context=max_context, window=window, softcap=softcap,
+                                                debug=debug, **scales)
     o = torch.ops.kvshare_cpu.paged_decode_attention(q.contiguous(), k_cache, v_cache, page_table.int().contiguous(),
                                                      context_lens.int().contiguous(), float(scale))
     if out is None:

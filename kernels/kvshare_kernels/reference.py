@@ -63,30 +63,82 @@ def _gather_tokens(cache: torch.Tensor, pages: torch.Tensor, scale=None, dtype: 
     return out.view(*pages.shape[:-1], pages.shape[-1] * page_size, h, d)
 
 
+def _window_mask(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """Which keys a query sees: j <= p, and p - window < j with a window. This is HF transformers'
+    mask exactly (masking_utils: causal_mask_function kv_idx <= q_idx and'ed with
+    sliding_window_overlay kv_idx > q_idx - sliding_window, used by Mistral's and Gemma 2's sliding
+    layers; its flash path passes window_size (W - 1, W - 1) with causal=True: the same W keys)."""
+    mask = key_pos <= query_pos
+    if window > 0:
+        mask &= key_pos > query_pos - window
+    return mask
+
+
+def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                          softcap: float) -> torch.Tensor:
+    """softmax(cap(scale * q k^T) masked) v over [..., Lq, D] x [..., Lk, D], where cap(s) = C tanh(s / C):
+    Gemma 2's order in HF's eager attention (scale, then /C, tanh, *C, then the mask). SDPA has no
+    hook between the scores and the softmax, hence the explicit scores; a row that sees no key is 0."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = torch.tanh(s / softcap) * softcap
+    s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return torch.matmul(p, v)
+
+
+def _attend(q, k, v, mask, scale, softcap, enable_gqa=False):
+    if softcap > 0:
+        if enable_gqa:
+            g = q.shape[-3] // k.shape[-3]
+            k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
+        return _softcapped_attention(q, k, v, mask, scale, softcap)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                            context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
                            max_context: int | None = None, num_splits: int | None = None,
-                           k_scale=None, v_scale=None, debug: bool | None = None) -> torch.Tensor:
-    """One query token per request (q [B, Hq, D]) against its first context_lens[b] cached tokens."""
+                           k_scale=None, v_scale=None, window: int = 0, softcap: float = 0.0,
+                           debug: bool | None = None) -> torch.Tensor:
+    """One query token per request (q [B, Hq, D]) against its first context_lens[b] cached tokens.
+
+    window W > 0: the query (position context_len - 1) sees only the last W of them, and page-table
+    entries of pages wholly before those are never read (they may be -1). softcap C > 0: scores
+    become C * tanh(score / C) before the softmax."""
     b, hq, d = q.shape
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, b, "context_lens")
     _, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "paged_decode_attention")
+    window, softcap = checks.check_window_args(window, softcap, "paged_decode_attention")
     num_pages, page_size, hkv, _ = k_cache.shape
     if checks.debug_enabled(debug):
-        checks.check_page_table_values(page_table, context_lens, num_pages, page_size)
+        checks.check_page_table_values(page_table, context_lens, num_pages, page_size, window)
     if out is None:
         out = torch.empty_like(q)
     if b == 0:
         return out
     lens = context_lens.long()
-    n_pages = max(1, (int(lens.max()) + page_size - 1) // page_size)
-    # Entries past a request's context may hold anything: clamp them into the pool, mask them below.
-    pages = page_table[:, :n_pages].long().clamp(0, num_pages - 1)
+    if window > 0:
+        # Gather from each request's first page touching its window, as many pages as the widest
+        # window needs (at most ceil(W / S) + 1): the released pages before it are never indexed.
+        first_page = checks.first_window_key(lens - 1, window) // page_size
+        n_pages = max(1, int(((lens + page_size - 1) // page_size - first_page).max()))
+        table_page = first_page[:, None] + torch.arange(n_pages, device=q.device)[None, :]
+        pages = page_table.long().gather(1, table_page.clamp(max=page_table.shape[1] - 1))
+    else:
+        n_pages = max(1, (int(lens.max()) + page_size - 1) // page_size)
+        first_page = torch.zeros_like(lens)
+        pages = page_table[:, :n_pages].long()
+    # Entries past a request's context (or before its window) may hold anything: clamp them into the
+    # pool, mask them below.
+    pages = pages.clamp(0, num_pages - 1)
     ct = _compute_dtype(q.dtype)
     k = _gather_tokens(k_cache, pages, k_scale, ct)                # [B, L, Hkv, D]
     v = _gather_tokens(v_cache, pages, v_scale, ct)
     length = k.shape[1]
-    past = torch.arange(length, device=q.device)[None, :] >= lens[:, None]     # [B, L]
+    pos = first_page[:, None] * page_size + torch.arange(length, device=q.device)[None, :]   # [B, L]
+    past = pos >= lens[:, None]
+    if window > 0:
+        past |= pos < lens[:, None] - window
     # Slots past a context may hold NaN, which a mask does not stop (NaN + -inf is NaN, 0 * NaN is
     # NaN): zero them in K and V. They are only the rows' tails, so index them rather than scan.
     tail = past.reshape(-1).nonzero().squeeze(1)
@@ -98,8 +150,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # and K/V read in place through a transposed view. ~2.3x faster than scores through einsum on
     # the CPU at SmolLM2's decode shapes, where this path serves every step.
     g = hq // hkv
-    o = F.scaled_dot_product_attention(q.to(ct).view(b, hkv, g, d), k.transpose(1, 2), v.transpose(1, 2),
-                                       attn_mask=~past[:, None, None, :], scale=scale)
+    o = _attend(q.to(ct).view(b, hkv, g, d), k.transpose(1, 2), v.transpose(1, 2), ~past[:, None, None, :],
+                scale, softcap)
     o = o.reshape(b, hq, d)
     o.masked_fill_((lens == 0)[:, None, None], 0.0)               # context_len 0 -> zeros, not NaN
     out.copy_(o)
@@ -110,21 +162,26 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
                             out: torch.Tensor | None = None, *, max_query_len: int | None = None,
                             k_scale=None, v_scale=None, tiles: torch.Tensor | None = None,
-                            debug: bool | None = None) -> torch.Tensor:
+                            window: int = 0, softcap: float = 0.0, debug: bool | None = None) -> torch.Tensor:
     """Varlen extend: request i's q_len_i new tokens (its last ones) attend causally to all its cached tokens.
 
+    window W > 0: a query at position p sees keys p - W < j <= p only; pages wholly before the
+    first query's window are never read (their entries may be -1). softcap C > 0: scores become
+    C * tanh(score / C) before the softmax.
     tiles: the Triton kernel's work list (prefill_tiles.py), a schedule only; the result does not
     depend on it, so the reference ignores it."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
     _, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "paged_prefill_attention")
+    window, softcap = checks.check_window_args(window, softcap, "paged_prefill_attention")
     if query_start_loc.shape != (nb + 1,) or query_start_loc.dtype != torch.int32:
         raise ValueError(f"query_start_loc must be int32 [B+1], got {query_start_loc.dtype} {tuple(query_start_loc.shape)}")
     num_pages, page_size, hkv, _ = k_cache.shape
     if checks.debug_enabled(debug):
         checks.check_query_values(query_start_loc, context_lens, t)
-        checks.check_page_table_values(page_table, context_lens, num_pages, page_size)
+        checks.check_page_table_values(page_table, context_lens, num_pages, page_size, window,
+                                       query_start_loc[1:] - query_start_loc[:-1])
     if out is None:
         out = torch.empty_like(q)
     ct = _compute_dtype(q.dtype)
@@ -134,14 +191,18 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         s, e, n = starts[i], starts[i + 1], lens[i]
         if e == s:
             continue
-        pages = page_table[i, : (n + page_size - 1) // page_size].long()
-        k = _gather_tokens(k_cache, pages, k_scale, ct)[:n].transpose(0, 1)     # [Hkv, n, D]
-        v = _gather_tokens(v_cache, pages, v_scale, ct)[:n].transpose(0, 1)
-        qi = q[s:e].to(ct).transpose(0, 1)                                 # [Hq, q_len, D]
         q_len = e - s
-        # Bottom-right causal: query j sits at absolute position n - q_len + j.
-        mask = torch.arange(n, device=q.device)[None, :] <= (n - q_len + torch.arange(q_len, device=q.device))[:, None]
-        o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=hq != hkv)
+        # Bottom-right causal: query j sits at absolute position n - q_len + j. With a window the
+        # keys start at the first query's window's first page.
+        first_page = max(0, n - q_len - window + 1) // page_size if window > 0 else 0
+        pages = page_table[i, first_page: (n + page_size - 1) // page_size].long()
+        k0 = first_page * page_size
+        k = _gather_tokens(k_cache, pages, k_scale, ct)[:n - k0].transpose(0, 1)     # [Hkv, n - k0, D]
+        v = _gather_tokens(v_cache, pages, v_scale, ct)[:n - k0].transpose(0, 1)
+        qi = q[s:e].to(ct).transpose(0, 1)                                 # [Hq, q_len, D]
+        mask = _window_mask(torch.arange(k0, n, device=q.device)[None, :],
+                            (n - q_len + torch.arange(q_len, device=q.device))[:, None], window)
+        o = _attend(qi, k, v, mask, scale, softcap, enable_gqa=hq != hkv)
         out[s:e] = o.transpose(0, 1).to(out.dtype)
     return out
 
@@ -258,8 +319,8 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torc
 
 def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                              context_lens: torch.Tensor, plan, scale: float, out: torch.Tensor | None = None, *,
-                             max_context: int | None = None, k_scale=None, v_scale=None,
-                             debug: bool | None = None) -> torch.Tensor:
+                             max_context: int | None = None, k_scale=None, v_scale=None, window: int = 0,
+                             softcap: float = 0.0, debug: bool | None = None) -> torch.Tensor:
     """The cascade kernels' result: exactly paged decode attention (the plan only changes what is read when)."""
     return paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out, max_context=max_context,
-                                  k_scale=k_scale, v_scale=v_scale, debug=debug)
+                                  k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap, debug=debug)
