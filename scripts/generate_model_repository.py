@@ -54,7 +54,7 @@ max_batch_size: {C.ENGINE_MAX_BATCH_SIZE}
 model_transaction_policy {{ decoupled: true }}
 ''' + inputs(C.ENGINE) + outputs(C.ENGINE) + '''instance_group [ { count: 1, kind: KIND_CPU } ]
 # Engine settings (kvshare.engine.engine_config.EngineConfig, kvshare.engine.data_parallel.ParallelConfig);
-# KVSHARE_<NAME> environment variables override them. Several GPUs: docs/multi-gpu.md.
+# KVSHARE_<NAME> environment variables override them. Several GPUs: docs/develop/engine.md.
 ''' + "".join(f'parameters {{ key: "{p.name}" value: {{ string_value: "{p.default}" }} }}\n'
               for p in C.ENGINE_PARAMETERS)
 

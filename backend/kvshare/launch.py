@@ -6,7 +6,7 @@ repository, with the environment its Python-backend stub needs, and waits until 
 Used by scripts/serve.sh (foreground) and by the integration tests (background, own ports).
 The server listens on 127.0.0.1 unless told otherwise (`--host 0.0.0.0`: every interface; a
 container does that), because tritonserver's own default is every interface and kvshare has no
-authentication (docs/security.md).
+authentication (docs/operate/security.md).
 """
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ def wait_for_stub_death(proc: subprocess.Popen, stubs: list[int], poll_s: float 
     """Blocks until one of `stubs` is gone while the server still runs (returns its pid), or until
     the server exits (None). Triton 2.51 neither restarts a dead stub of a decoupled model nor marks
     the model unready: every later request fails with "Stub process ... is not healthy" while
-    /v2/health/ready says 200 (docs/robustness.md). Only a restart brings the model back."""
+    /v2/health/ready says 200 (docs/operate/troubleshoot.md). Only a restart brings the model back."""
     while proc.poll() is None:
         gone = [pid for pid in stubs if not Path(f"/proc/{pid}").exists() or _is_zombie(pid)]
         if gone:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-# The two models of the wire contract (docs/interfaces.md, /work/shared/design.md).
+# The two models of the wire contract (docs/develop/architecture.md, /work/shared/design.md).
 TEXT_MODEL = "ensemble"
 TOKEN_MODEL = "llm_engine"
 # The same text contract as `ensemble`, served by a BLS model whose cancels reach the engine

@@ -1,6 +1,6 @@
 """kvshare_kernels: paged KV-cache kernels written in Triton, each with a torch reference.
 
-Entry points (see docs/interfaces.md for the layout; docs/kernels.md for the design and numbers):
+Entry points (see docs/develop/architecture.md for the layout; docs/develop/kernels.md for the design and numbers):
 
     write_kv(k, v, k_cache, v_cache, slot_mapping)
     paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, scale, out=None) -> [B, Hq, D]

@@ -28,7 +28,7 @@ capturable in a CUDA graph).
 Rows outside any group have shared length 0 and go entirely through the suffix path, so the
 function is correct for any batch; a plan without groups calls ``paged_decode_attention`` itself.
 
-See docs/cascade-decode.md for the plan layout, the heuristics and what is tested.
+See docs/develop/kernels.md for the plan layout, the heuristics and what is tested.
 """
 
 from __future__ import annotations
@@ -511,7 +511,7 @@ def _cascade_merge_kernel(SPO, SPLSE, PPO, PPLSE, SHARED, O, num_q_heads, suffix
 # ----------------------------------------------------------------------------------------------
 
 # Defaults from a sweep on the H200 (16 request per group, prompt 2048, suffix 128..384, fp16, page
-# 16; docs/cascade-decode.md has the numbers). One KV head per program and 64-token tiles for both
+# 16; docs/develop/kernels.md has the numbers). One KV head per program and 64-token tiles for both
 # head layouts: the decode kernel's MHA pairing of two KV heads (block-diagonal query) doubles the
 # prefix kernel's dot work and measured 20% slower there (178 vs 144 us, 16 groups); 32- or 128-
 # token tiles and 8 warps were no better. Tiles of 128+ rows (e.g. 16 members x 8 query heads) get

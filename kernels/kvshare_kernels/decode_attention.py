@@ -206,7 +206,7 @@ def _num_sms(device: torch.device) -> int:
 
 
 # Tuning defaults, chosen on the H200 with perf/kernels/bench_decode_attention.py --sweep
-# (docs/kernels.md has the sweeps). GQA: one KV head per program, 64-token tiles. MHA (one query
+# (docs/develop/kernels.md has the sweeps). GQA: one KV head per program, 64-token tiles. MHA (one query
 # head per KV head): two KV heads per program with 32-token tiles read 512 contiguous bytes per
 # token instead of 256 and went from 2.6 to 4.0 TB/s (64 x 2k); the same change did not help GQA.
 BLOCK_N = 64

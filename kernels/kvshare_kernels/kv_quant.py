@@ -1,6 +1,6 @@
 """8-bit KV pages: what a quantized pool holds, and the torch quantize/dequantize every path agrees with.
 
-Three page layouts, told apart by the cache tensor's dtype (docs/kv-quantization.md):
+Three page layouts, told apart by the cache tensor's dtype (docs/develop/kernels.md):
 
 * 16/32-bit (``auto``): K/V in the model's dtype; no scales.
 * ``torch.float8_e4m3fn``: K/V as fp8 e4m3 with ONE scale per tensor (a Python float, default 1.0):

@@ -23,7 +23,7 @@ P_GAIN = tl.constexpr(128.0)
 def page_index(page, ROWS32: tl.constexpr):
     """A page id as a tile's row offsets are computed from it. ROWS32 (checks.row_offset_flags):
     every offset into the pools fits in int32, so page x stride stays 32-bit instead of the 64-bit
-    multiplies and adds of int64 offsets (fewer instructions per tile: docs/kernels.md)."""
+    multiplies and adds of int64 offsets (fewer instructions per tile: docs/develop/kernels.md)."""
     if not ROWS32:
         page = page.to(tl.int64)
     return page

@@ -288,7 +288,7 @@ def _prefill_kernel(
              out.to(O.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
 
-# Tuning defaults (H200, bf16, head_dim 128; see docs/kernels.md); BLOCK_M (rows = query tokens x
+# Tuning defaults (H200, bf16, head_dim 128; see docs/develop/kernels.md); BLOCK_M (rows = query tokens x
 # heads of one group) is prefill_tiles', where the work lists are built.
 BLOCK_N = 64
 NUM_WARPS = 4
@@ -435,7 +435,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     page_copies: with k_new/v_new at a page smaller than the 128-key tile on Hopper, run
     prefill_pages_tma's Gluon kernel (each prefix tile one bulk copy per page, ping-pong consumers)
     where it applies and the launch is the default one (the engine's default: 0.89-0.99x of FA3
-    against this kernel's 0.73-0.98x on an H100, docs/kernels.md)."""
+    against this kernel's 0.73-0.98x on an H100, docs/develop/kernels.md)."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")

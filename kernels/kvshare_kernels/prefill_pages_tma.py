@@ -24,7 +24,7 @@ are clamped to it, so every copy reads pages of this request; rows the tile must
 of the last page, the clamped pages, the next request's rows) get masked scores and V rows zeroed in
 shared memory.
 
-Measured on an H100 (2026-12-07, docs/kernels.md): correct in every order. Copying a tile page by
+Measured on an H100 (2026-12-07, docs/develop/kernels.md): correct in every order. Copying a tile page by
 page does not by itself close the gap (the producer order at 0.68-0.82x of FlashAttention 3, the
 Triton launch at 0.73-0.98x); with the ping-pong consumers it does, 0.89-0.99x, so the engine runs this
 kernel on Hopper wherever it applies (KVSHARE_PREFILL_PAGE_COPIES=0: prefill_attention.py's launch).

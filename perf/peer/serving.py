@@ -161,7 +161,7 @@ def run_points(python: str, target: str, url: str, model: str, out: Path, points
 def late_compiles(cache_dir: Path, ready: float, spans: Sequence[tuple[str, float, float]]) -> list[dict]:
     """Triton kernels compiled once the server was ready, from the JIT cache's files (a <kernel>.json
     per compiled variant), each with the warm-up or point it fell in: every such compile holds every
-    stream while it runs (~0.4 s for the page copy on the H200, docs/server-path.md)."""
+    stream while it runs (~0.4 s for the page copy on the H200, docs/develop/engine.md)."""
     out = []
     for path in cache_dir.rglob("*.json"):
         at = path.stat().st_mtime

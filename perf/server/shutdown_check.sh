@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How often does the server stall at shutdown after a streaming load? (docs/robustness.md,
+# How often does the server stall at shutdown after a streaming load? (docs/operate/troubleshoot.md,
 # "Shutdown after a streaming load: the stub is never finalized")
 #
 #   bash perf/server/shutdown_check.sh [TRIALS] [REQUESTS] [CONCURRENCY] [OUTPUT_TOKENS]

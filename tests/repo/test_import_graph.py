@@ -1,4 +1,4 @@
-"""The dependency direction of docs/architecture.md, checked on the source: an import that runs
+"""The dependency direction of docs/develop/architecture.md, checked on the source: an import that runs
 against it fails here, before it can tangle the layers.
 
     kernels <- runtime <- engine <- triton_adapter <- model_repository/*/1/model.py

@@ -1,7 +1,7 @@
 """kvshare.core: pure-Python KV-cache bookkeeping (page pool, prefix cache, eviction, scheduler).
 
 No torch, no numpy: page accounting and scheduling are plain Python tested on the CPU with exact
-page ids. See docs/interfaces.md for the contract and docs/core.md for the ownership picture.
+page ids. See docs/develop/architecture.md for the contract and docs/develop/core.md for the ownership picture.
 """
 
 from kvshare.core.eviction import (

@@ -57,7 +57,7 @@ from kvshare.core.window import RELEASED, max_pages_held, pages_before_window
 
 log = logging.getLogger("kvshare.core")
 
-# Chosen with perf/core/page_size_tuner.py; see docs/core.md.
+# Chosen with perf/core/page_size_tuner.py; see docs/develop/core.md.
 DEFAULT_PAGE_SIZE = 16
 
 

@@ -1,4 +1,4 @@
-"""Frozen value types that cross from kvshare.core into the engine (see docs/interfaces.md)."""
+"""Frozen value types that cross from kvshare.core into the engine (see docs/develop/architecture.md)."""
 
 from __future__ import annotations
 

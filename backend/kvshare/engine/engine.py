@@ -570,7 +570,7 @@ class LLMEngine:
 
 def _tensor_parallel_config(config: EngineConfig) -> EngineConfig:
     """Tensor parallelism runs eagerly and synchronously for now: a captured graph or an overlapped
-    step would run rank 0's collectives without the followers (docs/multi-gpu.md)."""
+    step would run rank 0's collectives without the followers (docs/develop/engine.md)."""
     if config.overlap_schedule:
         raise ValueError("overlap_schedule is not supported with tensor_parallel_size > 1 yet")
     return dataclasses.replace(config, cuda_graphs=False, overlap_schedule=False)

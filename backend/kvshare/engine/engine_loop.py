@@ -6,13 +6,13 @@ probe; a watcher thread polls the probes a few times a second, so a client that 
 request and frees its pages. The same thread ends a request whose timeout passed, and asks the
 optional ``serving`` probe a couple of times a second whether the server still serves this model:
 once it says no (Triton is shutting down or unloading the model), every request in flight ends at
-once (Triton waits for them before it finalizes the model; docs/robustness.md). Every submitted
+once (Triton waits for them before it finalizes the model; docs/operate/troubleshoot.md). Every submitted
 request gets exactly one final output, whatever happens: finish, stop, cancel, timeout, engine error
 (a step that raises, anywhere in the loop) or shutdown.
 
 The engine thread does nothing but steps and their bookkeeping: in the Triton stub every probe is
 an IPC round trip to the server process, and on the engine thread 64 of them every 50 ms took ~9%
-of the steps' time (docs/server-path.md).
+of the steps' time (docs/develop/engine.md).
 """
 from __future__ import annotations
 

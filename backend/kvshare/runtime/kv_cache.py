@@ -1,6 +1,6 @@
 """The KV page pool's memory: one K and one V tensor per layer, allocated once for the process.
 
-``kv_cache_dtype`` picks the page layout (docs/kv-quantization.md): ``auto`` stores K/V in the
+``kv_cache_dtype`` picks the page layout (docs/operate/tune.md): ``auto`` stores K/V in the
 model's dtype; ``fp8_e4m3`` in fp8 with a per-tensor scale (1.0); ``int8`` in int8 with a float32
 scale per (token, KV head) in per-layer scale tensors [num_pages, page_size, Hkv] beside K and V.
 Every per-page tensor (K, V and scales, GPU pool and host tier alike) has the page dimension
@@ -20,7 +20,7 @@ from .model_config import ModelConfig
 log = logging.getLogger("kvshare.runtime")
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "int8")
-FP8_SCALE = 1.0       # fp8's per-tensor K and V scale (docs/kv-quantization.md: why no calibration)
+FP8_SCALE = 1.0       # fp8's per-tensor K and V scale (docs/operate/tune.md: why no calibration)
 
 
 def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:

@@ -64,7 +64,7 @@ class LlamaModel:
         self._new_kv_on = torch.device(device).type == "cuda" and os.environ.get("KVSHARE_PREFILL_NEW_KV", "1") != "0"
         # With them, on Hopper at pages smaller than the 128-key tile, a prefix tile arrives by one bulk
         # copy per page (prefill_pages_tma.py, Gluon, ping-pong consumers): 0.89-0.99x of FA3 against
-        # 0.73-0.98x for the Triton launch (H100, docs/kernels.md). KVSHARE_PREFILL_PAGE_COPIES=0 keeps
+        # 0.73-0.98x for the Triton launch (H100, docs/develop/kernels.md). KVSHARE_PREFILL_PAGE_COPIES=0 keeps
         # the Triton launch.
         self._page_copies = self._new_kv_on and os.environ.get("KVSHARE_PREFILL_PAGE_COPIES", "1") != "0"
         self._dtype = dtype

@@ -113,7 +113,7 @@ class ModelRunner:
             self.mixed_graphs.capture()
         if device.type == "cuda" and mirror is None and kv.num_pages >= 2:
             # Triton compiles a kernel at its first launch. Copy-on-write's first page copy, mid-way
-            # through a serving run, held every stream ~0.4 s on the H200 (docs/server-path.md), so
+            # through a serving run, held every stream ~0.4 s on the H200 (docs/develop/engine.md), so
             # it is compiled here. Both pages are free and zero at start-up: zeros over zeros.
             self.copy_pages([(0, 1)])
 

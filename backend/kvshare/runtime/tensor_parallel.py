@@ -142,7 +142,7 @@ class StepMirror:
 
     The message is pickled (a ForwardBatch of host tensors on the CPU): a per-step allocation, fine
     for gloo on the CPU; on CUDA the batch's fields should go as one packed device tensor per step
-    (docs/multi-gpu.md, GPU later).
+    (docs/develop/engine.md, GPU later).
     """
 
     def __init__(self, group: TensorParallelGroup):

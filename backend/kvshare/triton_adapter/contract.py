@@ -5,7 +5,7 @@
 older names tools still send); `llm_engine` is the token model (TensorRT-LLM's `tensorrt_llm`
 counterpart); `vllm_model` speaks Triton's vLLM backend. This table drives the model configs
 (scripts/generate_model_repository.py), the parser (inputs.py: aliases, refusals, batch rows),
-llm_bls's pass-through list and docs/contract.md. No Triton or torch imports.
+llm_bls's pass-through list and docs/integrate/contract.md. No Triton or torch imports.
 
 Roles:
   text         text the text models tokenize (text_input)
@@ -84,7 +84,7 @@ class Tensor:
     dims: tuple[int, ...]            # per item (the batch dimension is added by Triton)
     models: frozenset[str]           # which of ensemble / llm_bls / llm_engine declare it
     role: str
-    kvshare: str                     # what kvshare does with it (docs/contract.md)
+    kvshare: str                     # what kvshare does with it (docs/integrate/contract.md)
     trtllm: str = ""                 # what the reference does, where it differs or needs saying
     canonical: str | None = None     # role "alias": the current name
     neutral: Callable[[np.ndarray], bool] | None = None   # role "unsupported": values that ask for nothing
@@ -315,19 +315,19 @@ ENGINE_PARAMETERS: tuple[EngineParameter, ...] = (
     EngineParameter("page_size", "16", "tokens per KV page"),
     EngineParameter("kv_cache_memory_gb", "1.0", "the page pool's memory per engine (per device; num_pages overrides it)"),
     EngineParameter("kv_cache_dtype", "auto", "auto (the model's dtype) | fp8_e4m3 | int8: 8-bit KV pages, about "
-                    "twice the pages in the same memory (docs/kv-quantization.md)"),
+                    "twice the pages in the same memory (docs/operate/tune.md)"),
     EngineParameter("cpu_weights", "blocks", "CPU: blocks keeps a GGUF's quantized linear layers in its blocks, "
                     "read by kvshare's CPU kernel (the same weight values, about a fifth of the bytes); fp32 widens "
-                    "them at load (docs/cpu.md)"),
+                    "them at load (docs/operate/tune.md)"),
     EngineParameter("max_running", "32", "sequences decoding at once per engine"),
     EngineParameter("default_max_tokens", "128", "max_tokens of a request that sends none"),
     EngineParameter("host_cache_memory_gb", "0", "host tier below the pool (pinned memory on CUDA); 0 = off. Pays "
-                    "when prefixes come back after the pool evicted them (docs/tiers.md)"),
+                    "when prefixes come back after the pool evicted them (docs/develop/core.md)"),
     EngineParameter("disk_cache_dir", "", "disk tier below the host tier: a directory of page files that outlives "
                     "the server; empty = off; needs host_cache_memory_gb > 0; one server per directory"),
     EngineParameter("disk_cache_gb", "16", "the disk tier's size bound (least recently written or used pages go)"),
     EngineParameter("data_parallel_size", "1", "engines this instance drives, one page pool and engine thread each "
-                    "(docs/multi-gpu.md)"),
+                    "(docs/develop/engine.md)"),
     EngineParameter("devices", "", "comma-separated devices, one per engine; empty: cuda:0..N-1 on a GPU instance, "
                     "else N on its device"),
     EngineParameter("routing_policy", "cache_aware", "cache_aware (the engine holding the longest cached prefix, "
@@ -336,7 +336,7 @@ ENGINE_PARAMETERS: tuple[EngineParameter, ...] = (
 
 
 def render_markdown() -> str:
-    """docs/contract.md: TRT-LLM / vLLM name -> kvshare behaviour, from this table."""
+    """docs/integrate/contract.md: TRT-LLM / vLLM name -> kvshare behaviour, from this table."""
     def models(t: Tensor) -> str:
         return ", ".join(m for m in (ENSEMBLE, BLS, ENGINE) if m in t.models)
 

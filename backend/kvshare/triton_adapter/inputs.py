@@ -1,7 +1,7 @@
 """The wire contract's inputs, parsed and validated (no Triton imports: tested without a server).
 
 Every error names the offending input (the name the client sent: an older alias such as
-`runtime_top_p` is named as sent), as clients and docs/contract.md expect. The table of inputs,
+`runtime_top_p` is named as sent), as clients and docs/integrate/contract.md expect. The table of inputs,
 their aliases and the unsupported ones is contract.py.
 
 A request with batch dimension B is B GenerationRequests (batch_index b, batch_size B): an input

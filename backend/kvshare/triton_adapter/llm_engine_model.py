@@ -65,7 +65,7 @@ class MetricsPublisher:
     Every gauge set, counter increment and histogram observation is an IPC round trip to the Triton
     process (~15-30 µs), and the latency histograms take one observation per generated token. Done
     on the engine thread, each 0.5 s tick stalled the steps for ~120 ms at 8.7k tok/s on the CPU
-    proxy (41% of the engine thread's time; docs/server-path.md). The engine thread now only hands
+    proxy (41% of the engine thread's time; docs/develop/engine.md). The engine thread now only hands
     over a snapshot; snapshots that arrive while one is being published merge (latest stats, all
     latency samples), so no sample is lost and the engine never waits.
     """

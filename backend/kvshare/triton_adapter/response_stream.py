@@ -5,11 +5,11 @@ costs ~30 µs of GIL-held Python to build plus an IPC round trip to the Triton p
 GIL released) to send. When the pump falls behind, all queued deltas of a request go out as one
 response. With ``stream_interval`` N > 1 a stream's deltas are held until N tokens are pending (the
 first delta and the final response are never held), so the pump sends ~N times fewer responses and
-takes that much less of the GIL that the engine thread needs (docs/server-path.md).
+takes that much less of the GIL that the engine thread needs (docs/develop/engine.md).
 
 A response that cannot be built or sent still ends its Triton request: the client gets an error
 final (which also releases Triton's response factory: an unreleased one keeps the model alive at
-shutdown), and the engine request is abandoned so that its pages return (docs/robustness.md).
+shutdown), and the engine request is abandoned so that its pages return (docs/operate/troubleshoot.md).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ after every one of them has ended, and does not end them itself).
 The question goes to the server's own HTTP endpoint (`GET /v2/models/<name>/ready`), found on the
 command line of the stub's parent, tritonserver. It never goes through the stub's IPC: in Triton
 2.51 `pb_utils.is_model_ready` segfaulted the stub about once in six shutdowns when the call met
-the server's "unloading models" (docs/robustness.md), and the stub's death then held the server
+the server's "unloading models" (docs/operate/troubleshoot.md), and the stub's death then held the server
 past its exit timeout.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ from ..engine.outputs import InvalidRequest
 from ..sampling_params import SamplingParams
 from .contract import MAX_RETURN_SEQUENCES
 
-# key -> what kvshare does (docs/contract.md is generated from this)
+# key -> what kvshare does (docs/integrate/contract.md is generated from this)
 KEY_DOCS: dict[str, str] = {
     "n": "1..8 sequences forked from one prefill",
     "best_of": "null or <= n (no extra candidates are generated)",

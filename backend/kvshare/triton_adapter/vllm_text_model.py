@@ -19,7 +19,7 @@ a fresh request key, as `llm_bls` does; llm_engine's responses come back as vLLM
 - Every request ends with exactly one final response: data, an INVALID_ARG naming the field, the
   engine's error, or CANCELLED.
 
-What differs from vLLM (docs/contract.md): `logprobs` entries hold the sampled token only, with
+What differs from vLLM (docs/integrate/contract.md): `logprobs` entries hold the sampled token only, with
 "rank": null (llm_engine returns the sampled token's log-probability, not the top k);
 `stop_token_ids` must fit llm_engine's one `end_id` (see `_end_id`); `logit_bias` token ids are sent
 as llm_engine's `embedding_bias_words` and must round-trip through text.

@@ -2,5 +2,5 @@
 
     python -m perf.load.soak --minutes 30 [--grpc-url 127.0.0.1:8001 --metrics-url ...] --out DIR
 
-See __main__.py for the options and docs/testing.md ("Soak") for what it sends and checks.
+See __main__.py for the options and docs/develop/testing.md ("Soak") for what it sends and checks.
 """

@@ -64,7 +64,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--warmup-fraction", type=float, default=0.25, help="RSS is compared from the end of warm-up")
     ap.add_argument("--rss-limit", type=float, default=0.05, help="largest RSS growth after warm-up")
     ap.add_argument("--ttft-p99-bound", type=float, default=120.0,
-                    help="seconds; client-side TTFT of completed streams (see docs/testing.md, Soak)")
+                    help="seconds; client-side TTFT of completed streams (see docs/develop/testing.md, Soak)")
     ap.add_argument("--idle-timeout", type=float, default=240.0, help="seconds to wait for idle at the end")
     ap.add_argument("--progress-every", type=float, default=30.0)
     ap.add_argument("--sample-every", type=float, default=2.0)

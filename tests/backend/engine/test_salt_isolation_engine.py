@@ -1,4 +1,4 @@
-"""cache_salt isolation in the engine under concurrent admissions (docs/security.md).
+"""cache_salt isolation in the engine under concurrent admissions (docs/operate/security.md).
 
 Random waves of requests with prompts from one shared-prefix family under a few salts, several
 admitted at once and stepped together on the tiny random Llama. After every step:

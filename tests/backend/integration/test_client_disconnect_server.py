@@ -2,7 +2,7 @@
 model of the real server. Where Triton 2.51 turns the broken stream into a cancel (llm_engine,
 llm_bls, vllm_model) the request ends and its pages return within about a second; through
 `ensemble` it does not reach the running engine step, so the request runs until max_tokens ends it
-(the bound, docs/robustness.md) and then its pages return."""
+(the bound, docs/operate/troubleshoot.md) and then its pages return."""
 from __future__ import annotations
 
 import json

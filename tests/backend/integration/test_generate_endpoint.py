@@ -64,7 +64,7 @@ def test_readme_body(base, model):
     assert out["finish_reason"] in ("stop", "length"), out
     greedy = generate(base, model, {**README, "temperature": 0})
     assert greedy["text_output"].strip(), greedy
-    # kvshare's default is exclude_input_in_output=true (docs/contract.md): the prompt is not echoed.
+    # kvshare's default is exclude_input_in_output=true (docs/integrate/contract.md): the prompt is not echoed.
     assert not greedy["text_output"].startswith(README["text_input"]), greedy
 
 

@@ -5,7 +5,7 @@ its quantized prefix pages with the tokens of the first answer, and leaves no pa
 
 The threshold comes from measurements: perf.engine.kv_dtype_accuracy's 8 prompts x 32 tokens gave
 int8 pages 197 of 256 identical greedy tokens (0.77) against fp32 pages on SmolLM2 (CPU,
-2026-12-01; docs/kv-quantization.md), and this test's prompts through this server 199 of 256
+2026-12-01; docs/operate/tune.md), and this test's prompts through this server 199 of 256
 (0.777) with all 8 first tokens equal (oneDNN's linear layers, the CPU default; 212 with
 KVSHARE_CPU_LINEAR=0; 2026-12-01, the test prints its count). It asks for 0.6. fp8_e4m3 runs the same engine code with another constexpr and is covered by the engine
 and kernel tests; a second server would double this module's cost.

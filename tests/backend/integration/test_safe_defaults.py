@@ -1,4 +1,4 @@
-"""Safe defaults through the real server (docs/security.md): it listens on 127.0.0.1 only, prompts
+"""Safe defaults through the real server (docs/operate/security.md): it listens on 127.0.0.1 only, prompts
 past max_prompt_bytes / the token limit are refused naming the input on every model, and cache_salt
 keeps tenants' prefixes apart under concurrent load (reused-token counts of identical prompts)."""
 from __future__ import annotations

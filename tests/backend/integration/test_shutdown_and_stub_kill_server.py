@@ -3,7 +3,7 @@ own (only llm_engine, dummy weights, KVSHARE_FAULTS=slow_step so that requests s
 
 Triton 2.51 finalizes a decoupled model only after every response factory is released, i.e. after
 every request in flight has ended, and does not cancel them on shutdown: the engine learns of the
-shutdown from the model turning unready and ends them itself (docs/robustness.md)."""
+shutdown from the model turning unready and ends them itself (docs/operate/troubleshoot.md)."""
 from __future__ import annotations
 
 import os

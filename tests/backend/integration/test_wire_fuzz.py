@@ -4,7 +4,7 @@ with random dtypes, shapes and values over gRPC streaming, gRPC unary and HTTP g
 generate_stream. Each request ends with exactly one final response or an error naming an input,
 the server stays ready, and afterwards no page is referenced and free + cached = total.
 
-The long run: `python -m perf.server.wire_fuzz --minutes N` (docs/testing.md, "Wire fuzzing").
+The long run: `python -m perf.server.wire_fuzz --minutes N` (docs/develop/testing.md, "Wire fuzzing").
 """
 from __future__ import annotations
 

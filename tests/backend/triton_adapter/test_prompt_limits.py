@@ -1,4 +1,4 @@
-"""Prompt limits (docs/security.md): bytes of text refused before tokenizing, tokens after, both named
+"""Prompt limits (docs/operate/security.md): bytes of text refused before tokenizing, tokens after, both named
 by the input; the settings come from KVSHARE_* or the model config's parameters."""
 from __future__ import annotations
 
