@@ -217,7 +217,7 @@ def test_ngc_release_matches_the_pytriton_wheel():
     release = ir.PYTRITON_NGC_RELEASE[pytriton]
     assert from_images(DOCKERFILES["server"].read_text()) == [f"nvcr.io/nvidia/tritonserver:{release}-py3"]
     assert from_images(DOCKERFILES["loadgen"].read_text()) == [f"nvcr.io/nvidia/tritonserver:{release}-py3-sdk"]
-    doc = (ROOT / "docs" / "deployment.md").read_text()
+    doc = (ROOT / "docs" / "operate" / "deploy.md").read_text()
     assert f"tritonserver:{release}-py3" in doc
 
 
