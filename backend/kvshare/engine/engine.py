@@ -127,10 +127,12 @@ class LLMEngine:
                                        dtype=kv_dtype, device=self.device, host_pages=host_pages)
             model = LlamaModel(loaded.config, loaded.weights, device=self.device, dtype=dtype)
         disk_tier, self.disk_io = self._open_disk_tier(config, loaded) if config.disk_cache_dir else (None, None)
+        self.kv_release_window = release_window(config.kv_release_window, loaded.config)
         self.scheduler = Scheduler(
             KVCacheManager(num_pages, config.page_size, enable_prefix_caching=config.enable_prefix_caching,
                            policy=config.eviction, host_tier=HostTier(host_pages) if host_pages else None,
-                           host_min_hits=config.host_cache_min_hits, disk_tier=disk_tier),
+                           host_min_hits=config.host_cache_min_hits, disk_tier=disk_tier,
+                           window=self.kv_release_window),
             max_running=config.max_running, max_step_tokens=config.max_step_tokens,
             max_prefill_chunk=config.max_prefill_chunk, debug_checks=config.debug_checks, admission=config.admission,
             admission_delay_steps=config.admission_delay_steps)
@@ -138,8 +140,11 @@ class LLMEngine:
         graphs = config.cuda_graphs and not kernel_debug()
         graph_sizes = graph_batch_sizes(config.max_running) if graphs else ()
         mixed_sizes = mixed_graph_sizes(config.mixed_graph_max_tokens, config.max_step_tokens) if graphs else ()
-        # The cascade path only pays on the GPU (fewer KV bytes read); the CPU keeps one code path.
-        cascade = CascadePolicy() if config.cascade_attention and self.device.type == "cuda" else None
+        # The cascade path only pays on the GPU (fewer KV bytes read); the CPU keeps one code path. Not
+        # with released pages: it groups rows by their leading page ids, and released slots (-1) of
+        # different requests would read as one shared prefix.
+        cascade = (CascadePolicy() if config.cascade_attention and self.device.type == "cuda"
+                   and not self.kv_release_window else None)
         self._faults = faults          # tests only (engine/faults.py): None in service
         sampler = Sampler(loaded.config.eos_token_ids, seed=config.seed)
         self.runner = ModelRunner(model, self.kv, faults.wrap("sample", sampler) if faults else sampler, self.device,
@@ -206,7 +211,10 @@ class LLMEngine:
     def limits(self) -> EngineLimits:
         """What a request may ask of this engine: validation needs nothing else (an adapter in
         another process validates with this alone)."""
-        return EngineLimits(self.model_config.vocab_size, self.max_model_len, self.capacity_tokens,
+        capacity = self.capacity_tokens
+        if self.scheduler.kv.max_pages_held(self.max_model_len) <= self.kv.num_pages:
+            capacity = max(capacity, self.max_model_len)   # a window that fits the pool fits any length
+        return EngineLimits(self.model_config.vocab_size, self.max_model_len, capacity,
                             self.config.max_prompt_tokens, self.config.max_beam_width,
                             self.config.max_logits_elements)
 
@@ -566,6 +574,23 @@ class LLMEngine:
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
         assert set(self._by_seq) == {s.seq_id for s in self._by_request.values()}
+
+
+def release_window(configured: int | None, model) -> int:
+    """The sliding window whose out-of-window pages go back to the pool: the model's own window
+    (every layer's, ModelConfig.kv_release_window) unless the config turns it off (0). A window the
+    model does not have is refused: releasing those pages would drop keys its layers still read."""
+    model_window = int(getattr(model, "kv_release_window", 0) or 0)
+    if configured is None:
+        return model_window
+    if configured < 0:
+        raise ValueError(f"kv_release_window must be >= 0 (0 = keep every page), got {configured}")
+    if configured and configured != model_window:
+        raise ValueError(
+            f"kv_release_window={configured} but the model's layers do not all attend a window of {configured} "
+            f"(its kv_release_window is {model_window}; 0 means some layer reads every key): releasing those "
+            "pages would drop keys the model reads")
+    return configured
 
 
 def _tensor_parallel_config(config: EngineConfig) -> EngineConfig:

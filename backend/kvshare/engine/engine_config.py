@@ -40,6 +40,12 @@ class EngineConfig:
     max_step_tokens: int = 2048           # token budget of one step (decodes + prefill chunks)
     max_prefill_chunk: int = 512
     enable_prefix_caching: bool = True
+    # Sliding-window page release (docs: core.md "Sliding window"): a model whose every layer attends
+    # only its last W keys gives each request's pages that fell wholly out of that window back to the
+    # pool while the request runs, so a 32k-token request with a 4k window holds ~257 pages of 16, not
+    # 2,048. None: the model's window (ModelConfig.kv_release_window; 0 when a layer attends to all);
+    # 0: keep every page (full accounting, to compare); W > 0 must equal the model's window.
+    kv_release_window: int | None = None
     eviction: str = "lru"
     # fcfs | cache_aware (cached prefixes first). fcfs by default: on the H200, seed-hot10 in a closed loop
     # ran 13% slower with cache_aware (docs/develop/core.md); cache_aware pays with deep queues of shared prefixes.
