@@ -40,7 +40,7 @@ class EngineConfig:
     max_step_tokens: int = 2048           # token budget of one step (decodes + prefill chunks)
     max_prefill_chunk: int = 512
     enable_prefix_caching: bool = True
-    # Sliding-window page release (docs: core.md "Sliding window"): a model whose every layer attends
+    # Sliding-window page release (kvshare/core/window.py): a model whose every layer attends
     # only its last W keys gives each request's pages that fell wholly out of that window back to the
     # pool while the request runs, so a 32k-token request with a 4k window holds ~257 pages of 16, not
     # 2,048. None: the model's window (ModelConfig.kv_release_window; 0 when a layer attends to all);
