@@ -572,7 +572,8 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              debug: bool | None = None, block_n: int | None = None, num_warps: int | None = None,
                              num_stages: int | None = None, heads_per_program: int | None = None,
                              suffix_block_n: int | None = None, suffix_heads_per_program: int | None = None,
-                             overlap: bool | None = None, k_scale=None, v_scale=None) -> torch.Tensor:
+                             overlap: bool | None = None, k_scale=None, v_scale=None, window: int = 0,
+                             softcap: float = 0.0) -> torch.Tensor:
     """Decode attention, same arguments and result as ``paged_decode_attention`` plus ``plan``.
 
     q [B, Hq, D]; k_cache/v_cache [num_pages, page_size, Hkv, D]; page_table int32 [B, P];
@@ -584,8 +585,12 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     block_n, num_warps, num_stages, heads_per_program tune the prefix kernel; suffix_block_n and
     suffix_heads_per_program the suffix (decode) kernel; overlap runs the prefix kernel on a side
     stream (CUDA only; default ``OVERLAP``). debug checks the page table and the plan against this
-    batch (synchronises).
+    batch (synchronises). window > 0 and softcap > 0 raise NotImplementedError: a window makes each
+    row's visible keys start at its own position, so rows no longer share the prefix the plan
+    groups them by (and a windowed layer's prefix pages may already be released); callers use
+    paged_decode_attention for such layers.
     """
+    checks.unsupported("cascade_decode_attention", window=window, softcap=softcap)
     b, hq, d = q.shape
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, b, "context_lens")
     mode, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "cascade_decode_attention")
@@ -684,6 +689,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, spt.stride(0),
+        0, 0.0,                                         # no window, no cap (refused above)
         GROUP=group, HEADS=s_heads, BLOCK_R=max(16, triton.next_power_of_2(group * s_heads)),
         BLOCK_C=s_heads * block_d, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=s_block_n, PAGE_SIZE=page_size, SPLIT=True,
         USE_DOT=True, HEAD_FASTEST=_da.HEAD_FASTEST, PRECISION=precision, UPCAST=upcast, KV_QUANT=mode,

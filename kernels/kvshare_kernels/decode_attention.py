@@ -39,7 +39,7 @@ import triton.language as tl
 
 from . import checks, kv_quant
 from .checks import interpreter_bf16
-from .kv_tiles import P_GAIN, dot_query, kv_rows, load_kv_tile, page_index, token_scales
+from .kv_tiles import P_GAIN, dot_query, kv_rows, load_kv_tile, page_index, softcap_scores, token_scales
 from .kv_write import scale_launch_args
 
 LOG2E = 1.4426950408889634
@@ -50,10 +50,12 @@ def _decode_split_kernel(
     Q, K, V, KS, VS, O, PO, PLSE, PT, CTX, scale_log2, v_scale, num_splits,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_sp, stride_st, stride_ptb,
+    window, softcap_log2,
     GROUP: tl.constexpr, HEADS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr,
     USE_DOT: tl.constexpr, HEAD_FASTEST: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     KV_QUANT: tl.constexpr, PAGE_IDS: tl.constexpr, SAME_ROWS: tl.constexpr, ROWS32: tl.constexpr,
+    WINDOWED: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):
     # A program serves HEADS consecutive KV heads and their HEADS * GROUP query heads (rows r, padded
     # to BLOCK_R). Its K/V tile is [BLOCK_N tokens, HEADS * BLOCK_D] (columns c: head c // BLOCK_D).
@@ -67,9 +69,19 @@ def _decode_split_kernel(
         hblk = tl.program_id(1)
     s = tl.program_id(2)
     ctx = tl.load(CTX + b)
-    # Each request cuts its own context into num_splits ranges of whole tiles.
-    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
-    start = s * split_len
+    if WINDOWED:
+        # The query (position ctx - 1) sees keys lo .. ctx - 1. Tiles stay aligned to BLOCK_N (the
+        # one-page-per-tile read relies on it) from the tile holding lo; the keys of that tile
+        # before lo are masked, and so are their page-table entries, which may be -1 (released).
+        lo = tl.maximum(ctx - window, 0)
+        first = (lo // BLOCK_N) * BLOCK_N
+        split_len = tl.cdiv(tl.cdiv(ctx - first, num_splits), BLOCK_N) * BLOCK_N
+        start = first + s * split_len
+    else:
+        lo = 0
+        # Each request cuts its own context into num_splits ranges of whole tiles.
+        split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+        start = s * split_len
     end = tl.minimum(start + split_len, ctx)
 
     r = tl.arange(0, BLOCK_R)
@@ -98,6 +110,8 @@ def _decode_split_kernel(
     for n in range(start, end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
+        if WINDOWED:
+            n_mask = n_mask & (offs_n >= lo)
         if PAGE_SIZE % BLOCK_N == 0:
             # The tile lies in one page (tiles start at multiples of BLOCK_N): one page-table read.
             page = tl.load(pt_row + n // PAGE_SIZE)
@@ -105,7 +119,10 @@ def _decode_split_kernel(
             # The tile spans whole pages: one id per page, repeated over its tokens, instead of a
             # table read per token (MHA's 32-token tiles over 16-token pages).
             ids = n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
-            pages = tl.load(pt_row + ids, mask=ids * PAGE_SIZE < end, other=0)
+            if WINDOWED:
+                pages = tl.load(pt_row + ids, mask=(ids * PAGE_SIZE < end) & ((ids + 1) * PAGE_SIZE > lo), other=0)
+            else:
+                pages = tl.load(pt_row + ids, mask=ids * PAGE_SIZE < end, other=0)
             page = tl.reshape(tl.broadcast_to(pages[:, None], (BLOCK_N // PAGE_SIZE, PAGE_SIZE)), (BLOCK_N,))
         else:
             page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0)
@@ -134,6 +151,8 @@ def _decode_split_kernel(
             qk = qk * token_scales(KS, s_rows, kvh0, row_head, n_mask, scale_log2, HEADS, BLOCK_R, BLOCK_N)
         else:
             qk = qk * scale_log2
+        if SOFTCAP:
+            qk = softcap_scores(qk, softcap_log2)
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -270,7 +289,7 @@ def choose_num_splits(batch: int, num_programs_per_request: int, max_context: in
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                            context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
                            max_context: int | None = None, num_splits: int | None = None,
-                           k_scale=None, v_scale=None,
+                           k_scale=None, v_scale=None, window: int = 0, softcap: float = 0.0,
                            debug: bool | None = None, block_n: int | None = None, num_warps: int | None = None,
                            num_stages: int | None = None, use_dot: bool | None = None,
                            heads_per_program: int | None = None, head_fastest: bool | None = None,
@@ -284,14 +303,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     per page, not per token; default_config's choice) are tuning knobs for tests and benchmarks;
     rows32 False forces int64 row offsets (None: int32 where every offset into both pools fits).
     k_scale/v_scale: an int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats
-    (default 1.0).
+    (default 1.0). window W > 0: the query sees its last W keys only; the key loop starts at the
+    tile holding the first of them, so pages wholly before it are never read (entries may be -1)
+    and the split-K heuristic sizes for W keys, not max_context. softcap C > 0: scores become
+    C * tanh(score / C) before the softmax. Both are constexpr-gated: off, the kernel is unchanged.
     """
     b, hq, d = q.shape
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, b, "context_lens")
     mode, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "paged_decode_attention")
+    window, softcap = checks.check_window_args(window, softcap, "paged_decode_attention")
     num_pages, page_size, hkv, _ = k_cache.shape
     if checks.debug_enabled(debug):
-        checks.check_page_table_values(page_table, context_lens, num_pages, page_size)
+        checks.check_page_table_values(page_table, context_lens, num_pages, page_size, window)
     if out is None:
         out = torch.empty_like(q)
     if b == 0:
@@ -310,6 +333,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError(f"paged_decode_attention: heads_per_program {heads} does not divide {hkv} KV heads")
     if max_context is None:
         max_context = page_table.shape[1] * page_size
+    if window:      # a window's keys span at most W + BLOCK_N - 1 positions from an aligned tile
+        max_context = min(max_context, window + block_n)
     if num_splits is None:
         num_splits = choose_num_splits(b, hkv // heads, max_context, q.device, block_n)
     if use_dot is None:
@@ -334,11 +359,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
+        window, softcap * LOG2E,
         GROUP=group, HEADS=heads, BLOCK_R=block_r, BLOCK_C=heads * block_d, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=block_n,
         PAGE_SIZE=page_size, SPLIT=split, USE_DOT=use_dot, HEAD_FASTEST=head_fastest, PRECISION=precision,
         UPCAST=interpreter_bf16(q.dtype, mode), KV_QUANT=mode,
         PAGE_IDS=page_ids_apply(cfg["page_ids"] if page_ids is None else page_ids, page_size, block_n),
-        **checks.row_offset_flags(k_cache, v_cache, rows32),
+        **checks.row_offset_flags(k_cache, v_cache, rows32), WINDOWED=window > 0, SOFTCAP=softcap > 0,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     if split:

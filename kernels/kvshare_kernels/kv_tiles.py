@@ -135,3 +135,15 @@ def store_kv_rows(C, S, x, offs, s_offs, mask, row_mask, inv_scale, KV_QUANT: tl
         amax = tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1)
         tl.store(C + offs, int8_values(x, amax), mask=mask)
         tl.store(S + s_offs, amax / 127.0, mask=row_mask)
+
+
+@triton.jit
+def softcap_scores(qk, cap):
+    """cap * tanh(qk / cap) (Gemma 2's attention logit soft-capping) of a score tile; qk and cap in
+    the same units (the kernels' log2-scaled scores, so cap is C * log2(e)). tanh through exp2 of
+    the magnitude: Triton has no tanh that runs both compiled and under the interpreter, and
+    exp2(+large) = inf gives tanh = 1 exactly instead of inf / inf. Its absolute error near 0 is
+    fp32's epsilon, C * 6e-8 on a score: far below the softmax's rounding."""
+    x = qk / cap
+    t = 1.0 - 2.0 / (tl.exp2(2.8853900817779268 * tl.abs(x)) + 1.0)     # 2 * log2(e) * |x|
+    return cap * tl.where(x < 0.0, -t, t)

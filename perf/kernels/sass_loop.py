@@ -74,11 +74,12 @@ def decode_cubin(q: str = "bf16", kv: str = "bf16", group: int = 4, heads: int =
     cache = {0: f"*{q}", 1: "*u8", 2: "*i8"}[mode]
     sig = {n: "i32" for n in names}
     sig.update(Q=f"*{q}", K=cache, V=cache, KS="*fp32", VS="*fp32", O=f"*{q}", PO="*fp32", PLSE="*fp32",
-               PT="*i32", CTX="*i32", scale_log2="fp32", v_scale="fp32")
+               PT="*i32", CTX="*i32", scale_log2="fp32", v_scale="fp32", softcap_log2="fp32")
     const = dict(GROUP=group, HEADS=heads, BLOCK_R=max(16, triton.next_power_of_2(group * heads)),
                  BLOCK_C=heads * head_dim, HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n,
                  PAGE_SIZE=page_size, SPLIT=True, USE_DOT=True, HEAD_FASTEST=True, PRECISION="tf32",
-                 UPCAST=False, KV_QUANT=mode, PAGE_IDS=False, SAME_ROWS=same_rows, ROWS32=rows32)
+                 UPCAST=False, KV_QUANT=mode, PAGE_IDS=False, SAME_ROWS=same_rows, ROWS32=rows32,
+                 WINDOWED=False, SOFTCAP=False)
     return _compile(fn, sig, const, arch, num_warps, num_stages)
 
 

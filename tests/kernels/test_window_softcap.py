@@ -255,3 +255,51 @@ def test_cpu_decode(window, softcap):
     case = decode_case(LENS, 16, 2, 16, "cpu", window, seed=11)
     out = check_decode(cpu_decode.paged_decode_attention, case, 4, 16, torch.float32, "cpu", window, softcap)
     assert out.shape == (len(LENS), 4, 16)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton decode (interpreter on the CPU)
+# ----------------------------------------------------------------------------------------------
+
+def _kernels():
+    from kvshare_kernels import kernels
+    return kernels
+
+
+# (page size, Hq, Hkv, tuning): the launch shapes decode_attention has — a tile over several pages
+# (per-token and per-page table reads), one page per tile, split-K, MHA with two heads per program
+# and without dots.
+DECODE_LAUNCHES = [
+    (4, 4, 2, dict(num_splits=1, block_n=16)),
+    (4, 4, 4, dict(num_splits=2, block_n=16, heads_per_program=2, page_ids=True)),
+    (16, 6, 2, dict(num_splits=3, block_n=16)),
+    (16, 2, 2, dict(num_splits=2, block_n=16, use_dot=False)),
+    (4, 4, 2, dict(block_n=16)),                                  # the launcher's own split count
+]
+
+
+@pytest.mark.parametrize("page_size,hq,hkv,kw", DECODE_LAUNCHES)
+@pytest.mark.parametrize("window,softcap", [(0, 3.0), (1, 0.0), (5, 3.0), (19, 0.0), (16, 3.0), (1000, 3.0)])
+def test_triton_decode(page_size, hq, hkv, kw, window, softcap, device):
+    case = decode_case(LENS + [0], page_size, hkv, 16, device, window, seed=window + page_size + hq)
+    check_decode(_kernels().paged_decode_attention, case, hq, 16, torch.float32, device, window, softcap, **kw)
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(FP8, id="fp8"), pytest.param(INT8, id="int8")])
+@pytest.mark.parametrize("page_size,hq,hkv,kw", [DECODE_LAUNCHES[0], DECODE_LAUNCHES[1], DECODE_LAUNCHES[2]])
+def test_triton_decode_8bit_pages(dtype, page_size, hq, hkv, kw, device):
+    case = decode_case(LENS, page_size, hkv, 16, device, 7, dtype=dtype, seed=page_size + hq)
+    check_decode(_kernels().paged_decode_attention, case, hq, 16, torch.float32, device, 7, 2.5, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_decode_16bit(dtype, device):
+    case = decode_case(LENS, 16, 2, 16, device, 19, dtype=dtype, seed=8)
+    check_decode(_kernels().paged_decode_attention, case, 8, 16, dtype, device, 19, 3.0, num_splits=2, block_n=16)
+
+
+def test_triton_decode_debug_skips_released_entries(device):
+    case = decode_case([37, 20], 4, 2, 16, device, 6)
+    check_decode(_kernels().paged_decode_attention, case, 4, 16, torch.float32, device, 6, 0.0, debug=True)
+    with pytest.raises(checks.PageTableError):
+        check_decode(_kernels().paged_decode_attention, case, 4, 16, torch.float32, device, 0, 0.0, debug=True)
