@@ -38,7 +38,7 @@ import triton.language as tl
 
 from . import checks, kv_quant
 from .checks import interpreter_bf16
-from .kv_tiles import P_GAIN, dot_query, kv_rows, load_kv_tile, page_index, token_scales
+from .kv_tiles import P_GAIN, dot_query, kv_rows, load_kv_tile, page_index, softcap_scores, token_scales
 from .kv_write import scale_launch_args
 from .prefill_tiles import BLOCK_M, IDLE, tokens_per_tile
 
@@ -76,10 +76,14 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, k_desc, v_desc, kv_col,
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_QUANT: tl.constexpr,
-                  TMA: tl.constexpr, PREFETCH: tl.constexpr, SAME_ROWS: tl.constexpr, ROWS32: tl.constexpr):
+                  TMA: tl.constexpr, PREFETCH: tl.constexpr, SAME_ROWS: tl.constexpr, ROWS32: tl.constexpr,
+                  lo, window, softcap_log2, WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr):
     # Keys [start, end), start a multiple of BLOCK_N. CAUSAL: the diagonal tiles, whose rows see
     # different keys and whose last tile may run past `end`. Otherwise every tile is whole and
     # in bounds (the caller's full_end), so no load is masked but over a padded head_dim.
+    # WINDOWED: keys before lo (the block's first visible key) are masked in the CAUSAL tiles, their
+    # page-table entries included (pages wholly before a window may be -1); each row also sees only
+    # keys after pos - window. The unmasked tiles lie inside every row's window (_window_phases).
     r = tl.arange(0, BLOCK_N)
     # PREFETCH: the next tile's page id(s) are read one iteration ahead, so that no tile's address
     # waits on a table read issued in its own iteration (the launcher sets it only where a tile is
@@ -89,10 +93,16 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             page_next = page_index(tl.load(pt_row + start // PAGE_SIZE, mask=start < end, other=0), ROWS32)
         else:
             ids_next = start // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
-            pages_next = tl.load(pt_row + ids_next, mask=ids_next * PAGE_SIZE < end, other=0)
+            if WINDOWED:
+                pages_next = tl.load(pt_row + ids_next, mask=(ids_next * PAGE_SIZE < end)
+                                     & ((ids_next + 1) * PAGE_SIZE > lo), other=0)
+            else:
+                pages_next = tl.load(pt_row + ids_next, mask=ids_next * PAGE_SIZE < end, other=0)
     for n in range(start, end, BLOCK_N):
         offs_n = n + r
         n_mask = offs_n < end
+        if WINDOWED and CAUSAL:
+            n_mask = n_mask & (offs_n >= lo)
         if PAGE_SIZE % BLOCK_N == 0:
             if PREFETCH:
                 page = page_next
@@ -110,6 +120,8 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
                 pages = pages_next
                 ids_next = ids + BLOCK_N // PAGE_SIZE
                 pages_next = tl.load(pt_row + ids_next, mask=ids_next * PAGE_SIZE < end, other=0)
+            elif CAUSAL and WINDOWED:
+                pages = tl.load(pt_row + ids, mask=(ids * PAGE_SIZE < end) & ((ids + 1) * PAGE_SIZE > lo), other=0)
             elif CAUSAL:
                 pages = tl.load(pt_row + ids, mask=ids * PAGE_SIZE < end, other=0)
             else:
@@ -151,15 +163,26 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             k = k.to(q.dtype)
             v = v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        if KV_QUANT == 2 or CAUSAL:
+        if KV_QUANT == 2 or CAUSAL or SOFTCAP:
             if KV_QUANT == 2:   # int8 scales fold into the score columns and p (decode_attention)
                 qk = qk * token_scales(ks_head, s_rows, 0, 0, n_mask, scale_log2, 1, 1, BLOCK_N)
             else:
                 qk = qk * scale_log2
-            if CAUSAL:          # masked after the scaling: -inf times a zero scale would be NaN
+            if SOFTCAP:
+                qk = softcap_scores(qk, softcap_log2)
+            if CAUSAL and WINDOWED:
+                seen = (offs_n[None, :] <= pos[:, None]) & (offs_n[None, :] > pos[:, None] - window)
+                qk = tl.where(seen & n_mask[None, :], qk, float("-inf"))
+            elif CAUSAL:        # masked after the scaling: -inf times a zero scale would be NaN
                 qk = tl.where((offs_n[None, :] <= pos[:, None]) & n_mask[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-            p = tl.exp2(qk - m_new[:, None])
+            if CAUSAL and WINDOWED:
+                # A row may have seen no key yet (its window starts past this tile): exponents
+                # against 0 instead of -inf - -inf = NaN; p and alpha are then 0.
+                m_exp = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.exp2(qk - m_exp[:, None])
+            else:
+                p = tl.exp2(qk - m_new[:, None])
         else:
             # A scalar scale (> 0) commutes with the max, so it rides in the exponent's FMA instead
             # of a separate multiply of the score tile (the fused-attention tutorial's form).
@@ -169,14 +192,18 @@ def _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, po
             p_v = p * token_scales(vs_head, s_rows, 0, 0, n_mask, P_GAIN, 1, 1, BLOCK_N)
         else:
             p_v = p
-        acc, l_i = _accumulate(acc, l_i, m_i, m_new, p, p_v, v, PRECISION)
+        if CAUSAL and WINDOWED:
+            acc, l_i = _accumulate(acc, l_i, m_i, m_exp, p, p_v, v, PRECISION)
+        else:
+            acc, l_i = _accumulate(acc, l_i, m_i, m_new, p, p_v, v, PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
 def _new_kv_range(acc, l_i, m_i, q, kn_desc, vn_desc, row0, kv_col, tok, start, end, scale_log2,
-                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                  window, softcap_log2, WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr):
     # The chunk's own keys [start, end) (indices into the chunk, start a multiple of BLOCK_N), read
     # from the step's K/V rows row0.. by bulk copies: contiguous whatever the page size. CAUSAL: the
     # diagonal tiles (key j visible to row token t where j <= t); rows past `end` belong to the next
@@ -192,16 +219,50 @@ def _new_kv_range(acc, l_i, m_i, q, kn_desc, vn_desc, row0, kv_col, tok, start, 
             k = k.to(q.dtype)
             v = v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        if CAUSAL:
-            qk = tl.where((j[None, :] <= tok[:, None]) & (j < end)[None, :], qk * scale_log2, float("-inf"))
+        if CAUSAL and WINDOWED:     # as in _prefill_tile: the window's lower edge, rows yet to see a key
+            qk = qk * scale_log2
+            if SOFTCAP:
+                qk = softcap_scores(qk, softcap_log2)
+            seen = (j[None, :] <= tok[:, None]) & (j[None, :] > tok[:, None] - window) & (j < end)[None, :]
+            qk = tl.where(seen, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            m_exp = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(qk - m_exp[:, None])
+        elif CAUSAL:
+            qk = qk * scale_log2
+            if SOFTCAP:
+                qk = softcap_scores(qk, softcap_log2)
+            qk = tl.where((j[None, :] <= tok[:, None]) & (j < end)[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            p = tl.exp2(qk - m_new[:, None])
+        elif SOFTCAP:
+            qk = softcap_scores(qk * scale_log2, softcap_log2)
             m_new = tl.maximum(m_i, tl.max(qk, axis=1))
             p = tl.exp2(qk - m_new[:, None])
         else:
             m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
             p = tl.exp2(qk * scale_log2 - m_new[:, None])
-        acc, l_i = _accumulate(acc, l_i, m_i, m_new, p, p, v, PRECISION)
+        if CAUSAL and WINDOWED:
+            acc, l_i = _accumulate(acc, l_i, m_i, m_exp, p, p, v, PRECISION)
+        else:
+            acc, l_i = _accumulate(acc, l_i, m_i, m_new, p, p, v, PRECISION)
         m_i = m_new
     return acc, l_i, m_i
+
+
+@triton.jit
+def _window_phases(first_row, last_row, causal_end, window, BLOCK_N: tl.constexpr):
+    """A block's key tiles under a window, for rows at positions first_row..last_row whose keys
+    below causal_end (a multiple of BLOCK_N) are causally visible to every row: (lo, s0, s1, s2),
+    lo the first key any row sees, and tiles [s0, s1) masked (the window's lower edge, where rows
+    see different keys), [s1, s2) seen whole by every row (no mask), [s2, ...) masked (the causal
+    diagonal). Nothing below s0 (lo's tile) is read, so the pages wholly before it never are."""
+    lo = tl.maximum(first_row - window + 1, 0)
+    s0 = (lo // BLOCK_N) * BLOCK_N
+    all_see = tl.cdiv(tl.maximum(last_row - window + 1, 0), BLOCK_N) * BLOCK_N
+    s2 = tl.maximum(causal_end, s0)
+    s1 = tl.maximum(s0, tl.minimum(all_see, s2))
+    return lo, s0, s1, s2
 
 
 @triton.jit
@@ -209,10 +270,12 @@ def _prefill_kernel(
     Q, K, V, KS, VS, O, PT, QSL, CTX, TILES, KD, VD, KN, VN, scale_log2, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_sp, stride_st, stride_ptb,
+    window, softcap_log2,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, KV_QUANT: tl.constexpr, TILED: tl.constexpr, TMA: tl.constexpr, PREFETCH: tl.constexpr,
     NEW_KV: tl.constexpr, SAME_ROWS: tl.constexpr, ROWS32: tl.constexpr,
+    WINDOWED: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):
     if TILED:
         tile = tl.program_id(0)
@@ -264,24 +327,46 @@ def _prefill_kernel(
     else:
         last_key = tl.minimum(first_pos + BLOCK_MT, ctx)              # one past the largest key seen
         full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N             # tiles every row sees in full
-    acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, 0, full_end, scale_log2,
+    if WINDOWED:
+        last_row = tl.minimum(first_pos + BLOCK_MT, ctx) - 1
+        lo, s0, s1, s2 = _window_phases(first_pos, last_row, full_end, window, BLOCK_N)
+    else:
+        lo, s0, s1, s2 = 0, 0, 0, full_end
+    if WINDOWED:
+        acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, s0, s1,
+                                      scale_log2, stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d,
+                                      d_mask, KD, VD, kvh * HEAD_DIM, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, True,
+                                      PRECISION, UPCAST, KV_QUANT, TMA, PREFETCH, SAME_ROWS, ROWS32,
+                                      lo, window, softcap_log2, WINDOWED, SOFTCAP)
+    acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, s1, s2, scale_log2,
                                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, KD, VD,
                                   kvh * HEAD_DIM, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, False, PRECISION, UPCAST,
-                                  KV_QUANT, TMA, PREFETCH, SAME_ROWS, ROWS32)
-    acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, full_end, last_key, scale_log2,
+                                  KV_QUANT, TMA, PREFETCH, SAME_ROWS, ROWS32, lo, window, softcap_log2, WINDOWED, SOFTCAP)
+    acc, l_i, m_i = _prefill_tile(acc, l_i, m_i, q, k_head, v_head, ks_head, vs_head, pt_row, pos, s2, last_key, scale_log2,
                                   stride_kp, stride_kt, stride_vp, stride_vt, stride_sp, stride_st, d, d_mask, KD, VD,
                                   kvh * HEAD_DIM, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, True, PRECISION, UPCAST,
-                                  KV_QUANT, TMA, PREFETCH, SAME_ROWS, ROWS32)
+                                  KV_QUANT, TMA, PREFETCH, SAME_ROWS, ROWS32, lo, window, softcap_log2, WINDOWED, SOFTCAP)
     if NEW_KV:
         tok_first = mblk * BLOCK_MT
         self_full = ((tok_first + 1) // BLOCK_N) * BLOCK_N          # chunk keys every row sees
         self_end = tl.minimum(tok_first + BLOCK_MT, q_len)
-        acc, l_i, m_i = _new_kv_range(acc, l_i, m_i, q, KN, VN, q_start, kvh * HEAD_DIM, tok, 0, self_full,
-                                      scale_log2, BLOCK_N, False, PRECISION, UPCAST)
-        acc, l_i, m_i = _new_kv_range(acc, l_i, m_i, q, KN, VN, q_start, kvh * HEAD_DIM, tok, self_full, self_end,
-                                      scale_log2, BLOCK_N, True, PRECISION, UPCAST)
+        if WINDOWED:            # the same phases over the chunk's keys (chunk indices; rows at tok)
+            _, c0, c1, c2 = _window_phases(tok_first, self_end - 1, self_full, window, BLOCK_N)
+            acc, l_i, m_i = _new_kv_range(acc, l_i, m_i, q, KN, VN, q_start, kvh * HEAD_DIM, tok, c0, c1,
+                                          scale_log2, BLOCK_N, True, PRECISION, UPCAST,
+                                          window, softcap_log2, WINDOWED, SOFTCAP)
+        else:
+            c1, c2 = 0, self_full
+        acc, l_i, m_i = _new_kv_range(acc, l_i, m_i, q, KN, VN, q_start, kvh * HEAD_DIM, tok, c1, c2,
+                                      scale_log2, BLOCK_N, False, PRECISION, UPCAST,
+                                      window, softcap_log2, WINDOWED, SOFTCAP)
+        acc, l_i, m_i = _new_kv_range(acc, l_i, m_i, q, KN, VN, q_start, kvh * HEAD_DIM, tok, c2, self_end,
+                                      scale_log2, BLOCK_N, True, PRECISION, UPCAST,
+                                      window, softcap_log2, WINDOWED, SOFTCAP)
     if KV_QUANT == 2:
         v_scale = v_scale / P_GAIN
+    if WINDOWED:    # padding rows (past the chunk) may see no key of the window: 0, not 0 / 0
+        l_i = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc * (v_scale / l_i)[:, None]
     o_rows = (q_start + tok).to(tl.int64)
     tl.store(O + o_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
@@ -410,7 +495,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             num_warps: int | None = None, num_stages: int | None = None,
                             tma: bool | None = None, prefetch_page_ids: bool | None = None,
                             k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
-                            rows32: bool | None = None, page_copies: bool = False) -> torch.Tensor:
+                            rows32: bool | None = None, page_copies: bool = False, window: int = 0,
+                            softcap: float = 0.0) -> torch.Tensor:
     """q [T, Hq, D] (requests back to back); query_start_loc int32 [B+1]; context_lens int32 [B].
 
     k_scale/v_scale: an int8 cache's float32 [P, S, Hkv] scales, an fp8 cache's per-tensor floats.
@@ -435,11 +521,17 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     page_copies: with k_new/v_new at a page smaller than the 128-key tile on Hopper, run
     prefill_pages_tma's Gluon kernel (each prefix tile one bulk copy per page, ping-pong consumers)
     where it applies and the launch is the default one (the engine's default: 0.89-0.99x of FA3
-    against this kernel's 0.73-0.98x on an H100, docs/develop/kernels.md)."""
+    against this kernel's 0.73-0.98x on an H100, docs/develop/kernels.md); never with a window or a
+    cap, which that kernel does not implement.
+    window W > 0: a query at position p sees keys p - W < j <= p (HF's sliding-window mask); each
+    program's key loop starts at the tile of its first query's window, so pages wholly before the
+    first query's window are never read (their entries may be -1), with k_new/v_new too.
+    softcap C > 0: scores become C * tanh(score / C) before the softmax. Both constexpr-gated."""
     t, hq, d = q.shape
     nb = page_table.shape[0]
     checks.check_attention_shapes(q, k_cache, v_cache, page_table, context_lens, nb, "context_lens")
     mode, k_scale, v_scale = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, "paged_prefill_attention")
+    window, softcap = checks.check_window_args(window, softcap, "paged_prefill_attention")
     if query_start_loc.shape != (nb + 1,) or query_start_loc.dtype != torch.int32:
         raise ValueError(f"query_start_loc must be int32 [B+1], got {query_start_loc.dtype} {tuple(query_start_loc.shape)}")
     if q.dtype != k_cache.dtype and mode == kv_quant.NONE:
@@ -450,7 +542,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         raise ValueError(f"tiles must be contiguous int32 [N, 2], got {tiles.dtype} {tuple(tiles.shape)}")
     if checks.debug_enabled(debug):
         checks.check_query_values(query_start_loc, context_lens, t, padded=tiles is not None)
-        checks.check_page_table_values(page_table, context_lens, num_pages, page_size)
+        checks.check_page_table_values(page_table, context_lens, num_pages, page_size, window,
+                                       query_start_loc[1:] - query_start_loc[:-1])
     if out is None:
         out = torch.empty_like(q)
     if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
@@ -470,7 +563,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     block_mt = tokens_per_tile(hq, hkv, block_m or launch.block_m)   # query tokens per program (a work list's)
     if tiles is not None and checks.debug_enabled(debug):
         checks.check_tile_values(tiles, query_start_loc, block_mt)
-    if page_copies and new_kv and launch == NEW_KV_LAUNCH and not any((block_m, block_n, num_warps, num_stages, tma)):
+    if (page_copies and new_kv and launch == NEW_KV_LAUNCH and not (window or softcap)
+            and not any((block_m, block_n, num_warps, num_stages, tma))):
         prefill_pages_tma = _pages_tma_module()
         if prefill_pages_tma is not None and prefill_pages_tma.applies(k_cache, v_cache, q):
             return prefill_pages_tma.paged_prefill_pages_tma(q, k_cache, v_cache, page_table, query_start_loc,
@@ -505,12 +599,13 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), stride_sp, stride_st, page_table.stride(0),
+        window, softcap * LOG2E,
         GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_mt, BLOCK_M=block_mt * block_g, BLOCK_N=block_n,
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), PAGE_SIZE=page_size,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=interpreter_bf16(q.dtype, mode), KV_QUANT=mode,
         TILED=tiles is not None, TMA=use_tma, PREFETCH=ahead, NEW_KV=new_kv,
-        **checks.row_offset_flags(k_cache, v_cache, rows32),
+        **checks.row_offset_flags(k_cache, v_cache, rows32), WINDOWED=window > 0, SOFTCAP=softcap > 0,
         num_warps=num_warps or launch.num_warps, num_stages=num_stages or launch.num_stages,
     )
     return out

@@ -441,11 +441,15 @@ def paged_prefill_pages_tma(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
                             k_new: torch.Tensor, v_new: torch.Tensor, out: torch.Tensor | None = None, *,
                             tiles: torch.Tensor | None = None, max_query_len: int | None = None,
-                            order: str = ORDER) -> torch.Tensor:
+                            order: str = ORDER, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, context_lens, scale,
     out, k_new=k_new, v_new=v_new, tiles=tiles) for a pool that ``applies``; the same shapes and
     argument checks are the caller's (paged_prefill_attention makes them). A work list must be built
-    with ``tokens_per_tile(Hq, Hkv, BLOCK_M)``; order: one of ORDERS."""
+    with ``tokens_per_tile(Hq, Hkv, BLOCK_M)``; order: one of ORDERS. window > 0 and softcap > 0
+    raise NotImplementedError (paged_prefill_attention's Triton launch takes such layers)."""
+    if window or softcap:
+        raise NotImplementedError(f"paged_prefill_pages_tma does not support "
+                                  f"{'window' if window else 'softcap'}={window or softcap!r}")
     if order not in ORDERS:
         raise ValueError(f"paged_prefill_pages_tma: order {order!r} is none of {ORDERS}")
     t, hq, d = q.shape

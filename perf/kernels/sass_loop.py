@@ -97,12 +97,12 @@ def prefill_cubin(page_size: int = 16, block_m: int = 128, block_n: int = 128, g
     names = fn.arg_names
     sig = {n: "i32" for n in names}
     sig.update(Q="*bf16", K="*bf16", V="*bf16", KS="*fp32", VS="*fp32", O="*bf16", PT="*i32", QSL="*i32", CTX="*i32",
-               TILES="*i32", scale_log2="fp32", v_scale="fp32")
+               TILES="*i32", scale_log2="fp32", v_scale="fp32", softcap_log2="fp32")
     block_g = triton.next_power_of_2(group)
     const = dict(GROUP=group, BLOCK_G=block_g, BLOCK_MT=block_m // block_g, BLOCK_M=block_m, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, BLOCK_D=head_dim, PAGE_SIZE=page_size, PRECISION="tf32", UPCAST=False,
                  KV_QUANT=0, TILED=True, TMA=tma, PREFETCH=True, NEW_KV=False, SAME_ROWS=same_rows, ROWS32=rows32,
-                 KN=None, VN=None)
+                 KN=None, VN=None, WINDOWED=False, SOFTCAP=False)
     if tma:
         sig.update(KD=f"tensordesc<bf16[{block_n},{head_dim}]>", VD=f"tensordesc<bf16[{block_n},{head_dim}]>")
     else:

@@ -303,3 +303,80 @@ def test_triton_decode_debug_skips_released_entries(device):
     check_decode(_kernels().paged_decode_attention, case, 4, 16, torch.float32, device, 6, 0.0, debug=True)
     with pytest.raises(checks.PageTableError):
         check_decode(_kernels().paged_decode_attention, case, 4, 16, torch.float32, device, 0, 0.0, debug=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton prefill (interpreter on the CPU)
+# ----------------------------------------------------------------------------------------------
+
+# A prompt, chunks that start mid-context (short and long), a one-token chunk, a request with no
+# new tokens: blocks whose windows start inside the cached prefix and inside the chunk.
+PREFILL_T = [(9, 9), (37, 6), (100, 60), (20, 1), (12, 0)]
+# (page size, Hq, Hkv, tuning): every page-table read of the kernel — one id per page of a tile
+# (with and without reading ahead), one page per tile, one id per token, bulk copies (TMA).
+PREFILL_LAUNCHES = [
+    (4, 4, 2, dict(block_m=16, block_n=16)),
+    (4, 6, 2, dict(block_m=16, block_n=16, prefetch_page_ids=True)),
+    (16, 2, 2, dict(block_m=16, block_n=16, prefetch_page_ids=True)),
+    (1, 4, 2, dict(block_m=16, block_n=16)),
+    (32, 4, 2, dict(block_m=16, block_n=16, tma=True)),
+]
+
+
+@pytest.mark.parametrize("page_size,hq,hkv,kw", PREFILL_LAUNCHES)
+@pytest.mark.parametrize("window,softcap", [(0, 3.0), (1, 0.0), (5, 3.0), (19, 0.0), (40, 3.0), (1000, 0.0)])
+def test_triton_prefill(page_size, hq, hkv, kw, window, softcap, device):
+    lens, q_lens = zip(*PREFILL_T)
+    case = prefill_case(lens, q_lens, page_size, hkv, 16, device, window, seed=window + page_size + hq)
+    check_prefill(_kernels().paged_prefill_attention, case, list(q_lens), hq, 16, torch.float32, device, window,
+                  softcap, **kw)
+
+
+def test_triton_prefill_work_list_and_debug(device):
+    from kvshare_kernels.prefill_tiles import plan_tiles, tokens_per_tile
+
+    lens, q_lens = zip(*PREFILL_T)
+    case = prefill_case(lens, q_lens, 4, 2, 16, device, 7, seed=21)
+    tiles = plan_tiles(list(q_lens), list(lens), tokens_per_tile(4, 2, 16), capacity=20)
+    check_prefill(_kernels().paged_prefill_attention, case, list(q_lens), 4, 16, torch.float32, device, 7, 2.0,
+                  block_m=16, block_n=16, tiles=torch.from_numpy(tiles).to(device), debug=True)
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(FP8, id="fp8"), pytest.param(INT8, id="int8")])
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_triton_prefill_8bit_pages(dtype, page_size, device):
+    lens, q_lens = zip(*PREFILL_T)
+    case = prefill_case(lens, q_lens, page_size, 2, 16, device, 19, dtype=dtype, seed=page_size)
+    check_prefill(_kernels().paged_prefill_attention, case, list(q_lens), 4, 16, torch.float32, device, 19, 2.5,
+                  block_m=16, block_n=16)
+
+
+def _with_step_kv(case, q_lens, hq, dtype):
+    """k_new/v_new: each chunk's keys as strided views of a fused-projection-like buffer, and the
+    pool's chunk slots NaN, so the chunk can only be read from them."""
+    t = sum(q_lens)
+    hkv, d = case.k_cache.shape[2:]
+    qkv = torch.full((t + 3, (hq + 2 * hkv) * d), float("nan"), dtype=dtype)
+    k_new = qkv[:, hq * d:(hq + hkv) * d].view(-1, hkv, d)
+    v_new = qkv[:, (hq + hkv) * d:].view(-1, hkv, d)
+    s = 0
+    for i, (n, m) in enumerate(zip(case.lens, q_lens)):
+        k_new[s:s + m] = case.dense_k[i][n - m:n].to(dtype)
+        v_new[s:s + m] = case.dense_v[i][n - m:n].to(dtype)
+        for pos in range(n - m, n):
+            page = int(case.page_table[i, pos // case.page_size])
+            case.k_cache[page, pos % case.page_size] = float("nan")
+            case.v_cache[page, pos % case.page_size] = float("nan")
+        s += m
+    return k_new[:t].to(case.k_cache.device), v_new[:t].to(case.k_cache.device)
+
+
+@pytest.mark.parametrize("page_size,block_n", [(4, 16), (16, 32)])
+@pytest.mark.parametrize("window,softcap", [(0, 3.0), (5, 0.0), (19, 3.0), (40, 0.0)])
+def test_triton_prefill_with_the_steps_kv(page_size, block_n, window, softcap, device):
+    lens, q_lens = zip(*PREFILL_T)
+    dtype = torch.bfloat16
+    case = prefill_case(lens, q_lens, page_size, 2, 16, device, window, dtype=dtype, seed=window + page_size)
+    k_new, v_new = _with_step_kv(case, list(q_lens), 6, dtype)
+    check_prefill(_kernels().paged_prefill_attention, case, list(q_lens), 6, 16, dtype, device, window, softcap,
+                  block_m=16, block_n=block_n, k_new=k_new, v_new=v_new)
