@@ -1,4 +1,5 @@
-"""The shape of a Llama-family model, independent of where its weights come from."""
+"""The shape of a model of one of the supported families (model_family.py), independent of where its
+weights come from. The defaults are Llama's: a config built by hand (NAMED_CONFIGS) is a Llama."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,6 +24,18 @@ class ModelConfig:
     rope_parameters: tuple[tuple[str, object], ...] = field(default=())
     # Sliding-window size per layer (0 = full causal attention); () = every layer full.
     layer_windows: tuple[int, ...] = ()
+    # The family's forward differences (model_family.FAMILIES[family]: norms, q/k norm, ...) and the
+    # values they read; the defaults leave the Llama forward as it was.
+    family: str = "llama"
+    activation: str = "silu"             # the MLP's: silu or gelu_pytorch_tanh
+    attn_softcap: float = 0.0            # scores become C tanh(s / C) (Gemma 2); 0 = none
+    final_softcap: float = 0.0           # logits become C tanh(l / C); 0 = none
+    attn_scale: float = 0.0              # 0: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
+    embed_scale: float = 0.0             # embeddings times this in the activation dtype (Gemma); 0 = none
+    o_bias: bool = False                 # o_proj has a bias (attention_bias on Llama, Qwen3, Gemma)
+    # The rope of sliding-window layers where it differs from rope_parameters (Gemma 3's local rope,
+    # rope_theta included); () = every layer uses rope_parameters.
+    sliding_rope_parameters: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -42,13 +55,26 @@ class ModelConfig:
         """Bytes of K+V per token over all layers at 2 bytes per element (fp16/bf16)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 2
 
+    @property
+    def layer_window(self) -> tuple[int, ...]:
+        """Every layer's window (0 = full), also for a config with layer_windows ()."""
+        return self.layer_windows or (0,) * self.num_layers
+
     @classmethod
-    def from_hf(cls, hf) -> "ModelConfig":
+    def from_hf(cls, hf, *, extra_eos: tuple[int, ...] = ()) -> "ModelConfig":
+        """From a transformers config; UnsupportedModel (model_family.py) for a family or a config key
+        the forward does not implement. extra_eos: more stop ids (generation_config.json's)."""
+        from .model_family import read_family
+
+        if getattr(hf, "model_type", None) == "gemma3" and hasattr(hf, "text_config"):
+            hf = hf.text_config          # Gemma 3's multimodal checkpoint: its language model
+        fam = read_family(hf)
         heads = hf.num_attention_heads
-        rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+        rope = dict(fam.rope)
         theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
         eos = hf.eos_token_id
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        eos_ids += tuple(int(e) for e in extra_eos if int(e) not in eos_ids)
         return cls(
             num_layers=hf.num_hidden_layers,
             hidden_size=hf.hidden_size,
@@ -61,9 +87,18 @@ class ModelConfig:
             rope_theta=float(theta),
             max_position=hf.max_position_embeddings,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            qkv_bias=bool(getattr(hf, "attention_bias", False)) or hf.model_type == "qwen2",
+            qkv_bias=fam.qkv_bias,
             eos_token_ids=eos_ids,
-            rope_parameters=tuple(sorted((k, v) for k, v in rope.items() if isinstance(v, (int, float, str)))),
+            rope_parameters=fam.rope,
+            layer_windows=fam.layer_windows,
+            family=fam.family,
+            activation=fam.activation,
+            attn_softcap=fam.attn_softcap,
+            final_softcap=fam.final_softcap,
+            attn_scale=fam.attn_scale,
+            embed_scale=fam.embed_scale,
+            o_bias=fam.o_bias,
+            sliding_rope_parameters=fam.sliding_rope,
         )
 
 

@@ -1,4 +1,5 @@
-"""Llama-family weights in the layout kvshare's forward wants (fused QKV and gate/up projections).
+"""Model weights in the layout kvshare's forward wants (fused QKV and gate/up projections), for every
+family of model_family.py: Phi-3's checkpoint is fused already, Gemma's (1 + w) norms are folded.
 
 Sources: a transformers model (loaded from a GGUF file or an HF safetensors directory) or random
 "dummy" weights for a named shape (benchmarks: speed does not depend on weight values).
@@ -8,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from kvshare_kernels import block_linear
 
 from .model_config import NAMED_CONFIGS, ModelConfig
+from .model_family import FAMILIES
 from .tokenizer import default_model_source, hf_location, load_tokenizer
 
 log = logging.getLogger("kvshare.runtime")
@@ -31,6 +34,12 @@ class LayerWeights:
     post_norm: torch.Tensor       # [H]
     gate_up: Linear               # [2 I, H]
     down: Linear                  # [H, I]
+    # Families beyond Llama (model_family.py); None where the family has none.
+    o_bias: torch.Tensor | None = None         # [H]
+    q_norm: torch.Tensor | None = None         # [D] per-head RMSNorm of q and k before rotary (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None         # [D]
+    attn_out_norm: torch.Tensor | None = None  # [H] on the attention's output before its residual add (Gemma)
+    mlp_out_norm: torch.Tensor | None = None   # [H] on the MLP's output before its residual add (Gemma)
 
 
 @dataclass(frozen=True)
@@ -49,32 +58,75 @@ class LoadedModel:
     source: str
 
 
-def _from_hf_model(hf, dtype: torch.dtype, device: torch.device) -> tuple[ModelConfig, LlamaWeights]:
-    config = ModelConfig.from_hf(hf.config)
+def _from_hf_model(hf, dtype: torch.dtype, device: torch.device,
+                   extra_eos: tuple[int, ...] = ()) -> tuple[ModelConfig, LlamaWeights]:
+    config = ModelConfig.from_hf(hf.config, extra_eos=extra_eos)
+    spec = FAMILIES[config.family]
     sd = {k: v for k, v in hf.state_dict().items()}
+    # Gemma 3's multimodal checkpoint keeps its language model one level down.
+    base = "model.language_model." if "model.language_model.embed_tokens.weight" in sd else "model."
 
     def t(name: str) -> torch.Tensor:
         return sd[name].to(device=device, dtype=dtype).contiguous()
 
+    def norm(name: str) -> torch.Tensor:
+        if spec.norm == "gemma":
+            # HF computes normalized * (1 + w) in fp32 and casts after: kept in fp32 so bf16 matches.
+            return (1.0 + sd[name].float()).to(device).contiguous()
+        return t(name)
+
     layers = []
     for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        qkv = torch.cat([t(p + "self_attn.q_proj.weight"), t(p + "self_attn.k_proj.weight"), t(p + "self_attn.v_proj.weight")])
+        p = f"{base}layers.{i}."
+        a = p + "self_attn."
+        if spec.fused_projections:
+            qkv, gate_up = t(a + "qkv_proj.weight"), t(p + "mlp.gate_up_proj.weight")
+        else:
+            qkv = torch.cat([t(a + "q_proj.weight"), t(a + "k_proj.weight"), t(a + "v_proj.weight")]).contiguous()
+            gate_up = torch.cat([t(p + "mlp.gate_proj.weight"), t(p + "mlp.up_proj.weight")]).contiguous()
         bias = None
         if config.qkv_bias:
-            bias = torch.cat([t(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+            bias = torch.cat([t(a + f"{n}_proj.bias") for n in "qkv"])
+        sandwich = spec.sandwich_norms
         layers.append(LayerWeights(
-            input_norm=t(p + "input_layernorm.weight"),
-            qkv=qkv.contiguous(),
+            input_norm=norm(p + "input_layernorm.weight"),
+            qkv=qkv,
             qkv_bias=bias,
-            o_proj=t(p + "self_attn.o_proj.weight"),
-            post_norm=t(p + "post_attention_layernorm.weight"),
-            gate_up=torch.cat([t(p + "mlp.gate_proj.weight"), t(p + "mlp.up_proj.weight")]).contiguous(),
+            o_proj=t(a + "o_proj.weight"),
+            # the norm in front of the MLP: Gemma's pre_feedforward_layernorm (its post_attention_layernorm
+            # is the attention's output norm)
+            post_norm=norm(p + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")),
+            gate_up=gate_up,
             down=t(p + "mlp.down_proj.weight"),
+            o_bias=t(a + "o_proj.bias") if config.o_bias else None,
+            q_norm=norm(a + "q_norm.weight") if spec.qk_norm else None,
+            k_norm=norm(a + "k_norm.weight") if spec.qk_norm else None,
+            attn_out_norm=norm(p + "post_attention_layernorm.weight") if sandwich else None,
+            mlp_out_norm=norm(p + "post_feedforward_layernorm.weight") if sandwich else None,
         ))
-    embed = t("model.embed_tokens.weight")
+    embed = t(base + "embed_tokens.weight")
     lm_head = embed if config.tie_word_embeddings or "lm_head.weight" not in sd else t("lm_head.weight")
-    return config, LlamaWeights(embed=embed, layers=tuple(layers), final_norm=t("model.norm.weight"), lm_head=lm_head)
+    return config, LlamaWeights(embed=embed, layers=tuple(layers), final_norm=norm(base + "norm.weight"), lm_head=lm_head)
+
+
+def generation_eos_ids(where: str, kwargs: dict) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id (an int or a list: Llama 3's <|eot_id|>, Gemma's
+    <end_of_turn>), which HF's generate stops at; () without one (a GGUF, a bare directory)."""
+    if kwargs.get("gguf_file") or not (Path(where) / "generation_config.json").is_file():
+        return ()
+    import json
+
+    eos = json.loads((Path(where) / "generation_config.json").read_text()).get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+
+
+def check_supported(where: str, kwargs: dict) -> None:
+    """Refuse an unsupported family or config key (model_family.py) before loading any weight."""
+    from transformers import AutoConfig
+
+    ModelConfig.from_hf(AutoConfig.from_pretrained(where, **kwargs))
 
 
 def load_model(source: str | None = None, *, dtype: torch.dtype = torch.float32,
@@ -99,11 +151,13 @@ def load_model(source: str | None = None, *, dtype: torch.dtype = torch.float32,
 
     where, kwargs = hf_location(source)
     log.info("loading %s (dtype %s, device %s)", source, dtype, device)
+    check_supported(where, kwargs)
     tokenizer = load_tokenizer(source)
     hf = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
-    config, weights = _from_hf_model(hf, dtype, device)
+    config, weights = _from_hf_model(hf, dtype, device, generation_eos_ids(where, kwargs))
     del hf
-    if cpu_blocks and source.endswith(".gguf") and device.type == "cpu" and dtype == torch.float32:
+    if cpu_blocks and source.endswith(".gguf") and device.type == "cpu" and dtype == torch.float32 \
+            and config.family == "llama":
         weights = _with_blocks(source, config, weights)
     return LoadedModel(config, weights, tokenizer, source)
 
