@@ -380,3 +380,14 @@ def test_triton_prefill_with_the_steps_kv(page_size, block_n, window, softcap, d
     k_new, v_new = _with_step_kv(case, list(q_lens), 6, dtype)
     check_prefill(_kernels().paged_prefill_attention, case, list(q_lens), 6, 16, dtype, device, window, softcap,
                   block_m=16, block_n=block_n, k_new=k_new, v_new=v_new)
+
+
+def test_cascade_and_page_copy_prefill_refuse_window_and_softcap(device):
+    from kvshare_kernels import cascade_decode as cd
+    case = decode_case([8], 4, 1, 16, device, 0)
+    q = torch.zeros(1, 1, 16, device=device)
+    args = (q, case.k_cache, case.v_cache, case.page_table, case.context_lens, None, 0.25)
+    with pytest.raises(NotImplementedError, match="window"):
+        cd.cascade_decode_attention(*args, window=4)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        cd.cascade_decode_attention(*args, softcap=30.0)
