@@ -113,13 +113,13 @@ def build_engines(config: EngineConfig, parallel: ParallelConfig, *,
     """One engine per device; engines on the same device share the loaded weights (read-only).
     With tensor_parallel_size T each engine is T ranks: on CUDA, engine i on cuda:iT..iT+T-1."""
     from ..runtime.weights import load_model
-    from .engine import _DTYPES
+    from .model_dtypes import MODEL_DTYPES
 
     loaded: dict[str, object] = {}
     engines = []
     for device in parallel.engine_devices(config.device, config.tensor_parallel_size):
         if device not in loaded:
-            loaded[device] = load_model(config.model, dtype=_DTYPES[config.dtype], device=device, seed=config.seed,
+            loaded[device] = load_model(config.model, dtype=MODEL_DTYPES[config.dtype], device=device, seed=config.seed,
                                         cpu_blocks=config.cpu_weights == "blocks")
         engines.append(LLMEngine(dataclasses.replace(config, device=device), loaded[device], faults=faults))
     return engines

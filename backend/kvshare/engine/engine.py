@@ -36,13 +36,14 @@ from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
 from .faults import FaultInjector
 from .limits import EngineLimits
+from .model_dtypes import MODEL_DTYPES
 from .outputs import Beam, InvalidRequest, RequestOutput, RequestTiming, StepShape
 from .request_state import RequestState
+from .tensor_parallel_ranks import TensorParallelRanks, build_rank_model
 
 log = logging.getLogger("kvshare.engine")
 
 _NO_EXTRAS: dict = {}      # a plain token's output asks for nothing more: no dict per token (never written)
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -86,14 +87,14 @@ CPU_WEIGHTS = ("blocks", "fp32")
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, *,
                  faults: FaultInjector | None = None, step_threads: StepThreads | None = None):
-        if config.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got '{config.dtype}'")
+        if config.dtype not in MODEL_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(MODEL_DTYPES)}, got '{config.dtype}'")
         if config.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {config.tensor_parallel_size}")
         if config.tensor_parallel_size > 1:
             config = _tensor_parallel_config(config)
         self.config = config
-        dtype = _DTYPES[config.dtype]
+        dtype = MODEL_DTYPES[config.dtype]
         kv_dtype = kv_storage_dtype(config.kv_cache_dtype, dtype)     # an unknown name fails before the model loads
         self.device = torch.device(config.device)
         if config.cpu_weights not in CPU_WEIGHTS:
@@ -117,8 +118,6 @@ class LLMEngine:
             if config.kv_cache_dtype != "auto":
                 raise ValueError("kv_cache_dtype must be 'auto' with tensor_parallel_size > 1 (8-bit pages are "
                                  f"single-rank for now), got '{config.kv_cache_dtype}'")
-            from .tensor_parallel_ranks import TensorParallelRanks, build_rank_model
-
             self._tp = TensorParallelRanks.start(config, num_pages=num_pages, host_pages=host_pages,
                                                  max_model_len=self.max_model_len, loaded=loaded)
             model, self.kv = build_rank_model(loaded, self._tp.setup, 0, self._tp.group, self.device, dtype)

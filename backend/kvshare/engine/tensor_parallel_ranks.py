@@ -26,6 +26,7 @@ from ..runtime.tensor_parallel import (StepMirror, TensorParallelGroup, new_proc
                                        shard_specs)
 from ..runtime.weights import LoadedModel, load_model
 from .engine_config import EngineConfig
+from .model_dtypes import MODEL_DTYPES
 
 _TIMEOUT = datetime.timedelta(minutes=5)      # a rank that died fails the others' collectives, not hangs them
 
@@ -115,14 +116,12 @@ class TensorParallelRanks:
 
 def _follower_main(setup: RankSetup, rank: int, shard: tuple | None = None) -> None:
     """shard: (this rank's config, its weights, the EOS ids), or None to load the model here."""
-    from .engine import _DTYPES
-
     config = setup.config
     device = rank_device(config.device, rank)
     if device.type == "cpu":     # the ranks share the host's cores
         torch.set_num_threads(max(1, torch.get_num_threads() // setup.world_size))
     group = _group(setup, rank, device)
-    dtype = _DTYPES[setup.dtype]
+    dtype = MODEL_DTYPES[setup.dtype]
     if shard is None:
         loaded = load_model(config.model, dtype=dtype, device=device, seed=config.seed)
         model, kv = build_rank_model(loaded, setup, rank, group, device, dtype)

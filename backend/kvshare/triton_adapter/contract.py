@@ -32,6 +32,40 @@ ENGINE_MAX_BATCH_SIZE = 64
 MAX_BEAM_WIDTH = 8             # beam_width and num_return_sequences above this are refused
 MAX_RETURN_SEQUENCES = 8
 
+# vllm_model's sampling_parameters keys -> what kvshare does: vllm_params.py parses exactly these, and
+# docs/integrate/contract.md is generated from this
+KEY_DOCS: dict[str, str] = {
+    "n": "1..8 sequences forked from one prefill",
+    "best_of": "null or <= n (no extra candidates are generated)",
+    "temperature": ">= 0, 0 = greedy",
+    "top_p": "(0, 1]",
+    "top_k": "-1 or 0 = off, else >= 1",
+    "min_p": "0 only",
+    "seed": "0 <= seed < 2**64",
+    "presence_penalty": "[-2, 2]",
+    "frequency_penalty": "[-2, 2]",
+    "repetition_penalty": "> 0",
+    "stop": "a string or a list of strings (empty strings dropped); matched on decoded text, not emitted",
+    "stop_token_ids": "token ids that end generation in addition to EOS (returned separately: the model adds its EOS)",
+    "bad_words": "list of words never generated (as TRT-LLM's bad_words)",
+    "ignore_eos": "run to max_tokens (stop_token_ids still stop)",
+    "max_tokens": ">= 1; null: the server's default_max_tokens",
+    "min_tokens": ">= 0",
+    "logprobs": "null, or k >= 0: the sampled token's log-probability plus the k most likely",
+    "logit_bias": "{token id (string or int): bias (finite)}",
+    "skip_special_tokens": "true only",
+    "include_stop_str_in_output": "false only",
+    "detokenize": "true only",
+    "spaces_between_special_tokens": "true only",
+    "prompt_logprobs": "null only",
+    "use_beam_search": "false only (vLLM's beam search is its own API)",
+    "allowed_token_ids": "null only",
+    "truncate_prompt_tokens": "null only",
+    "structured_outputs": "refused (structured outputs are not supported)",
+    "guided_decoding": "refused (guided decoding is not supported)",
+    "lora_name": "refused (LoRA is not supported)",
+}
+
 
 # -- neutral values of unsupported inputs: what a client may send without asking for the feature --------
 def _strings(arr: np.ndarray) -> list[str]:
@@ -400,7 +434,6 @@ def render_markdown() -> str:
               "there the vLLM model's own input names (`stream`, `exclude_input_in_output`, `return_*`) are taken as",
               "those inputs, and `id` and `triton_*` keys are Triton's and skipped.", "",
               "| key | kvshare |", "|---|---|"]
-    from .vllm_params import KEY_DOCS
     for key, doc in KEY_DOCS.items():
         lines.append(f"| `{key}` | {doc} |")
     lines += ["", "## `llm_engine` parameters (config.pbtxt; `KVSHARE_<NAME>` environment variables override them)", "",

@@ -15,40 +15,7 @@ from typing import Any, NamedTuple
 
 from ..engine.outputs import InvalidRequest
 from ..sampling_params import SamplingParams
-from .contract import MAX_RETURN_SEQUENCES
-
-# key -> what kvshare does (docs/integrate/contract.md is generated from this)
-KEY_DOCS: dict[str, str] = {
-    "n": "1..8 sequences forked from one prefill",
-    "best_of": "null or <= n (no extra candidates are generated)",
-    "temperature": ">= 0, 0 = greedy",
-    "top_p": "(0, 1]",
-    "top_k": "-1 or 0 = off, else >= 1",
-    "min_p": "0 only",
-    "seed": "0 <= seed < 2**64",
-    "presence_penalty": "[-2, 2]",
-    "frequency_penalty": "[-2, 2]",
-    "repetition_penalty": "> 0",
-    "stop": "a string or a list of strings (empty strings dropped); matched on decoded text, not emitted",
-    "stop_token_ids": "token ids that end generation in addition to EOS (returned separately: the model adds its EOS)",
-    "bad_words": "list of words never generated (as TRT-LLM's bad_words)",
-    "ignore_eos": "run to max_tokens (stop_token_ids still stop)",
-    "max_tokens": ">= 1; null: the server's default_max_tokens",
-    "min_tokens": ">= 0",
-    "logprobs": "null, or k >= 0: the sampled token's log-probability plus the k most likely",
-    "logit_bias": "{token id (string or int): bias (finite)}",
-    "skip_special_tokens": "true only",
-    "include_stop_str_in_output": "false only",
-    "detokenize": "true only",
-    "spaces_between_special_tokens": "true only",
-    "prompt_logprobs": "null only",
-    "use_beam_search": "false only (vLLM's beam search is its own API)",
-    "allowed_token_ids": "null only",
-    "truncate_prompt_tokens": "null only",
-    "structured_outputs": "refused (structured outputs are not supported)",
-    "guided_decoding": "refused (guided decoding is not supported)",
-    "lora_name": "refused (LoRA is not supported)",
-}
+from .contract import KEY_DOCS, MAX_RETURN_SEQUENCES
 
 _INT, _FLOAT, _BOOL, _STR = "int", "float", "bool", "str"
 _TYPES = {"n": _INT, "best_of": _INT, "temperature": _FLOAT, "top_p": _FLOAT, "top_k": _INT, "min_p": _FLOAT,
