@@ -47,6 +47,11 @@ def row_invariant_prefill(prefill: PrefillAttention, min_rows: int = MIN_QUERY_R
     def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                   query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float, out=None, *,
                   max_query_len: int | None = None, **kw) -> torch.Tensor:
+        if kw.get("window", 0) > 0:
+            # Padding rows sit at earlier positions, whose window reaches pages the pool may already
+            # have taken back (released slots are -1): a windowed layer keeps its chunk as it is.
+            return prefill(q, k_cache, v_cache, page_table, query_start_loc, context_lens, scale, out,
+                           max_query_len=max_query_len, **kw)
         qsl = query_start_loc.tolist()
         index, starts = padded_rows(qsl, context_lens.tolist(), min_rows)
         index += range(qsl[-1], q.shape[0])      # rows past the last chunk (a graph-shaped step's padding)
