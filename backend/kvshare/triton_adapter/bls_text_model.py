@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
 from . import contract
-from .bls_retention import FinishedStreams
+from .bls_stream import EngineCall, EngineLink, EngineStream
 from .logs import configure_logging
 from .request_snapshot import RequestSnapshot, snapshot_request
 from .response_stream import error_response, only_requested, serve_to_the_end
@@ -29,11 +27,6 @@ log = logging.getLogger("kvshare.triton")
 ENGINE = "llm_engine"
 # Every input llm_bls and llm_engine both declare, as the client sent it (contract.py).
 PASSTHROUGH = tuple(contract.forwarded_to_engine(contract.BLS))
-
-
-def _key_tensor(name: str, key: str, rows: int = 1):
-    """[rows, 1]: Triton requires every input of a batched request to have the same batch size."""
-    return pb_utils.Tensor(name, np.full((rows, 1), key.encode(), dtype=np.object_))
 
 
 def _as_text_error(err):
@@ -47,15 +40,43 @@ def _as_text_error(err):
         return err
 
 
+class ForwardedResponses:
+    """llm_engine's responses forwarded as they are (bls_stream.Translation): the tensors the client
+    asked for, nothing once it cancelled; the final flag alone at the end."""
+
+    def __init__(self, sender, requested: frozenset[str]):
+        self._sender = sender
+        self._requested = requested
+
+    def take(self, response, stream: EngineStream) -> None:
+        if response.has_error():
+            stream.send_final(pb_utils.InferenceResponse(output_tensors=[], error=_as_text_error(response.error())))
+            return
+        # polled per response: a cancelled client's request ends at llm_engine's next token
+        if not stream.cancelled and self._sender.is_cancelled():
+            stream.cancel()
+        # only what the client asked for: Triton 2.51 would drop the rest without the GIL
+        # (response_stream.only_requested)
+        tensors = only_requested(response.output_tensors(), self._requested)
+        if tensors and not stream.cancelled:
+            stream.send(pb_utils.InferenceResponse(output_tensors=tensors))
+
+    def end(self, stream: EngineStream) -> None:
+        stream.send_final()
+
+    def before_final(self) -> None:
+        pass
+
+
 class BLSTextModel:
     def initialize(self, args):
         configure_logging()
         self.prompter = TextPrompter(args["model_config"])
-        self.outputs = [o["name"] for o in json.loads(args["model_config"])["output"]]
+        self.outputs = tuple(o["name"] for o in json.loads(args["model_config"])["output"])
         # One thread per stream in flight: BLS iteration blocks while the engine generates.
         self.pool = ThreadPoolExecutor(max_workers=int(self.prompter.params.get("max_streams", "1024")),
                                        thread_name_prefix="llm-bls")
-        self.finished = FinishedStreams()       # freed with the GIL held (bls_retention.py)
+        self.engine = EngineLink(pb_utils, ENGINE, "llm_bls")
 
     def execute(self, requests):
         for request in requests:     # read here, on the stub's thread (request_snapshot.py)
@@ -64,56 +85,19 @@ class BLSTextModel:
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.finished.clear()
+        self.engine.close()
 
     def _serve(self, request: RequestSnapshot) -> None:
         serve_to_the_end(pb_utils, "llm_bls", request, self._stream, log)
 
     def _stream(self, request: RequestSnapshot, sender) -> None:
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
             ids, lengths = self.prompter.token_tensors(request.get)    # [B, L] rows, as the ensemble's preprocessing
         except InvalidRequest as exc:
-            sender.send(error_response(pb_utils, str(exc)), flags=final)
+            sender.send(error_response(pb_utils, str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
-        key = uuid.uuid4().hex
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("llm_bls: request %s goes to llm_engine as key:%s", request.request_id, key)
-        inputs = [pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("input_lengths", lengths),
-                  _key_tensor("request_key", key, ids.shape[0])]
-        for name in PASSTHROUGH:
-            array = request.get(name)
-            if array is not None:
-                inputs.append(pb_utils.Tensor(name, array))
-        cancelled = False
-        try:
-            bls = pb_utils.InferenceRequest(model_name=ENGINE, inputs=inputs, requested_output_names=self.outputs)
-            stream = bls.exec(decoupled=True)
-            try:
-                for response in stream:
-                    if response.has_error():
-                        sender.send(pb_utils.InferenceResponse(output_tensors=[], error=_as_text_error(response.error())),
-                                    flags=final)
-                        return
-                    if not cancelled and sender.is_cancelled():
-                        cancelled = True
-                        self._cancel(key)
-                    tensors = only_requested(response.output_tensors(), request.requested_outputs)
-                    if tensors and not cancelled:
-                        sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
-            finally:
-                self.finished.keep(stream)     # after its last response (bls_retention.py)
-        except Exception as exc:  # the engine model went away, or BLS failed: the client still gets an end
-            log.exception("llm_bls stream failed")
-            sender.send(error_response(pb_utils, f"llm_bls: {exc}", "INTERNAL"), flags=final)
-            return
-        sender.send(flags=final)
-
-    def _cancel(self, key: str) -> None:
-        ctl = pb_utils.InferenceRequest(
-            model_name=ENGINE, requested_output_names=[],
-            inputs=[pb_utils.Tensor("input_ids", np.zeros((1, 1), dtype=np.int32)), _key_tensor("cancel_request_key", key)])
-        stream = ctl.exec(decoupled=True)
-        for _ in stream:
-            pass
-        self.finished.keep(stream)
+        inputs = [("input_ids", ids), ("input_lengths", lengths)]
+        inputs += [(name, array) for name in PASSTHROUGH if (array := request.get(name)) is not None]
+        call = EngineCall(inputs=tuple(inputs), outputs=self.outputs, rows=ids.shape[0])
+        EngineStream(self.engine, call, sender, request.request_id).run(
+            ForwardedResponses(sender, request.requested_outputs))

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -38,7 +37,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..engine.outputs import InvalidRequest
-from .bls_retention import FinishedStreams
+from .bls_stream import EngineCall, EngineLink, EngineStream
 from .inputs import Getter, decode_utf8
 from .logs import configure_logging
 from .request_snapshot import RequestSnapshot, snapshot_request
@@ -461,12 +460,62 @@ ENGINE = "llm_engine"
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def _key_tensor(name: str, key: str):
-    return pb_utils.Tensor(name, np.array([[key.encode()]], dtype=np.object_))
-
-
 def _cancelled_response():
     return error_response(pb_utils, "Request was cancelled", "CANCELLED")
+
+
+def _engine_error(err, prefix: str):
+    message = err.message() if callable(getattr(err, "message", None)) else str(err)
+    remapped = remap_engine_error(message, prefix)
+    if remapped == message:
+        return pb_utils.InferenceResponse(output_tensors=[], error=err)
+    try:
+        return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(remapped, err.code()))
+    except Exception:
+        return error_response(pb_utils, remapped)
+
+
+class VLLMResponses:
+    """llm_engine's responses to one vllm_model request as vLLM's (bls_stream.Translation)."""
+
+    def __init__(self, request: VLLMRequest, assembler: OutputAssembler, wanted: frozenset[str],
+                 stop_watching: Callable[[], None]):
+        self._request = request
+        self._assembler = assembler
+        self._wanted = wanted
+        self._stop_watching = stop_watching
+
+    def take(self, response, stream: EngineStream) -> None:
+        if stream.cancelled:
+            return                # drained: llm_engine ends the request
+        if response.has_error():
+            stream.send_final(_engine_error(response.error(), self._request.field_prefix))
+            if not self._assembler.done:
+                stream.cancel()   # the other sequences of n > 1
+            return
+        arrays = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        if not arrays:
+            return                # llm_engine's flags-only final
+        due = self._assembler.add(engine_response(arrays))
+        if due is None:
+            return
+        tensors, last = due
+        reply = pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(n, a) for n, a in tensors.items() if n in self._wanted])
+        if last:
+            stream.send_final(reply)
+        else:
+            stream.send(reply)
+
+    def end(self, stream: EngineStream) -> None:
+        if stream.cancelled:
+            stream.send_final(_cancelled_response())
+        else:
+            stream.send_final(error_response(pb_utils, "vllm_model: llm_engine ended the request before every "
+                                                       "sequence finished", "INTERNAL"))
+
+    def before_final(self) -> None:
+        self._stop_watching()     # no is_cancelled() probe once the final is out (the stub frees what it reads)
 
 
 class VLLMTextModel:
@@ -474,14 +523,13 @@ class VLLMTextModel:
         configure_logging()
         config = json.loads(args["model_config"])
         self.prompter = TextPrompter(args["model_config"])
-        self.engine_name = self.prompter.params.get("engine_model_name", ENGINE)
         tok = self.prompter.tokenizer
         self.eos_ids = frozenset(() if tok.eos_token_id is None else (int(tok.eos_token_id),))
-        self.output_names = {o["name"] for o in config["output"]}
+        self.output_names = frozenset(o["name"] for o in config["output"])
         self.pool = ThreadPoolExecutor(max_workers=int(self.prompter.params.get("max_streams", "1024")),
                                        thread_name_prefix="vllm-model")
         self.watch = CancelWatch(float(self.prompter.params.get("cancel_poll_s", "0.05")))
-        self.finished = FinishedStreams()       # freed with the GIL held (bls_retention.py)
+        self.engine = EngineLink(pb_utils, self.prompter.params.get("engine_model_name", ENGINE), "vllm_model")
 
     def execute(self, requests):
         for request in requests:     # read here, on the stub's thread (request_snapshot.py)
@@ -491,7 +539,7 @@ class VLLMTextModel:
     def finalize(self):
         self.watch.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.finished.clear()
+        self.engine.close()
 
     def _decode(self, token: int) -> str:
         return self.prompter.tokenizer.decode([token])
@@ -513,96 +561,12 @@ class VLLMTextModel:
             log.exception("vllm_model: reading the request failed")
             sender.send(error_response(pb_utils, f"vllm_model: {exc}", "INTERNAL"), flags=FINAL)
             return
-        key = uuid.uuid4().hex
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("vllm_model: request %s goes to %s as key:%s", request.request_id, self.engine_name, key)
-        cancelled = threading.Event()
-
-        def on_cancel():
-            cancelled.set()
-            self._cancel(key, req.n)
-
-        token = self.watch.add(sender, on_cancel)
-        final_sent = False
-
-        def send_final(response):
-            nonlocal final_sent
-            self.watch.remove(token)
-            final_sent = True         # a send that raises leaves sender.final_sent False: the backstop ends it
-            sender.send(response, flags=FINAL)
-
-        try:
-            inputs = [pb_utils.Tensor("input_ids", np.array([req.prompt_ids], dtype=np.int32)),
-                      _key_tensor("request_key", key)]
-            inputs += [pb_utils.Tensor(name, arr) for name, arr in req.engine_inputs]
-            bls = pb_utils.InferenceRequest(model_name=self.engine_name, inputs=inputs,
-                                            requested_output_names=req.engine_outputs())
-            assembler = OutputAssembler(req, self._decode)
-            # only what the client asked for: Triton 2.51 would drop the rest without the GIL
-            # (response_stream.only_requested)
-            wanted = request.requested_outputs or self.output_names
-            stream = bls.exec(decoupled=True)
-            try:
-                for response in stream:
-                    if final_sent or cancelled.is_set():
-                        continue          # drain: llm_engine ends the request (cancelled, or after an error)
-                    if response.has_error():
-                        send_final(self._engine_error(response.error(), req.field_prefix))
-                        if not assembler.done:
-                            self._cancel(key, req.n)      # the other sequences of n > 1
-                        continue
-                    arrays = {t.name(): t.as_numpy() for t in response.output_tensors()}
-                    if not arrays:
-                        continue          # llm_engine's flags-only final
-                    due = assembler.add(engine_response(arrays))
-                    if due is None:
-                        continue
-                    tensors, last = due
-                    reply = pb_utils.InferenceResponse(
-                        output_tensors=[pb_utils.Tensor(n, a) for n, a in tensors.items() if n in wanted])
-                    if last:
-                        send_final(reply)
-                    else:
-                        sender.send(reply)
-            finally:
-                self.finished.keep(stream)     # after its last response (bls_retention.py)
-        except Exception as exc:  # llm_engine went away, or BLS failed: the client still gets an end
-            log.exception("vllm_model stream failed")
-            if not final_sent:
-                send_final(error_response(pb_utils, f"vllm_model: {exc}", "INTERNAL"))
-            if not cancelled.is_set():
-                self._cancel(key, req.n)
-            return
-        if not final_sent:
-            if cancelled.is_set():
-                send_final(_cancelled_response())
-            else:
-                send_final(error_response(pb_utils, "vllm_model: llm_engine ended the request before every "
-                                                    "sequence finished", "INTERNAL"))
-
-    def _engine_error(self, err, prefix: str):
-        message = err.message() if callable(getattr(err, "message", None)) else str(err)
-        remapped = remap_engine_error(message, prefix)
-        if remapped == message:
-            return pb_utils.InferenceResponse(output_tensors=[], error=err)
-        try:
-            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(remapped, err.code()))
-        except Exception:
-            return error_response(pb_utils, remapped)
-
-    def _cancel(self, key: str, n: int) -> None:
-        """llm_engine's control request per engine request: the key, and for n > 1 each fork's id
-        (llm_engine names them <key>/0.<s> and cancels by exact id)."""
-        keys = [key] + ([f"{key}/0.{s}" for s in range(n)] if n > 1 else [])
-        for k in keys:
-            try:
-                ctl = pb_utils.InferenceRequest(
-                    model_name=self.engine_name, requested_output_names=[],
-                    inputs=[pb_utils.Tensor("input_ids", np.zeros((1, 1), dtype=np.int32)),
-                            _key_tensor("cancel_request_key", k)])
-                stream = ctl.exec(decoupled=True)
-                for _ in stream:
-                    pass
-                self.finished.keep(stream)
-            except Exception:
-                log.exception("vllm_model: cancel request to llm_engine failed")
+        inputs = (("input_ids", np.array([req.prompt_ids], dtype=np.int32)),) + req.engine_inputs
+        call = EngineCall(inputs=inputs, outputs=tuple(req.engine_outputs()), sequences=req.n)
+        stream = EngineStream(self.engine, call, sender, request.request_id)
+        token = self.watch.add(sender, stream.cancel)
+        # only what the client asked for: Triton 2.51 would drop the rest without the GIL
+        # (response_stream.only_requested)
+        wanted = request.requested_outputs or self.output_names
+        stream.run(VLLMResponses(req, OutputAssembler(req, self._decode), wanted,
+                                 stop_watching=lambda: self.watch.remove(token)))

@@ -389,12 +389,11 @@ class FakePrompter:
 def make_model(vm, tokenizer, poll_s=0.01):
     model = vm.VLLMTextModel()
     model.prompter = FakePrompter(tokenizer)
-    model.engine_name = "llm_engine"
     model.eos_ids = frozenset({2})
     model.output_names = {"text_output", "finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens",
                           "num_output_tokens"}
     model.watch = vm.CancelWatch(poll_s)
-    model.finished = vm.FinishedStreams()
+    model.engine = vm.EngineLink(vm.pb_utils, "llm_engine", "vllm_model")
     return model
 
 
@@ -418,6 +417,7 @@ def test_serve_streams_and_sets_the_final_flag_on_the_last_data_response(vm, tok
     bls = FakeBLS.generations[0]
     assert bls.inputs["input_ids"].tolist() == [[1, 2, 3]] and scalar(bls.inputs["max_tokens"]) == 2
     assert len(bls.inputs["request_key"][0, 0]) == 32 and not FakeBLS.cancels
+    assert len(model.engine.finished) == 1      # kept after its last response (bls_retention.py)
     model.watch.close()
 
 
@@ -496,17 +496,18 @@ def test_a_cancelled_client_cancels_llm_engine_and_gets_one_cancelled_final(vm, 
         assert released.wait(5)           # llm_engine ends the request once it hears the cancel
         yield FakeResponse([FakeTensor(k, v) for k, v in engine_arrays("", [], "cancelled").items()])
     FakeBLS.script = slow
-    real_cancel = model._cancel
+    real_cancel = model.engine.cancel
 
-    def cancel(key, n):
-        real_cancel(key, n)
+    def cancel(keys):
+        real_cancel(keys)
         released.set()
-    model._cancel = cancel
+    model.engine.cancel = cancel
     serve(model, req)
     assert [f for _, f in req.sender.sent] == [0, 1]
     final = finals(req.sender)[0]
     assert final.error().code() == "CANCELLED" and final.error().message() == "Request was cancelled"
     assert len(FakeBLS.cancels) == 1
+    assert len(model.engine.finished) == 2      # the stream and the cancel's, kept (bls_retention.py)
     time_probes = req.sender.probes_after_final
     model.watch.poll_once()
     assert req.sender.probes_after_final == time_probes == 0
