@@ -46,11 +46,9 @@ def tiny_configs() -> dict[str, object]:
         "gemma3_text": Gemma3TextConfig(**COMMON, num_hidden_layers=4, sliding_window=WINDOW, sliding_window_pattern=2,
                                         query_pre_attn_scalar=12, rope_local_base_freq=100.0,
                                         rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_theta=10000.0),
-        # fused qkv_proj / gate_up_proj, longrope (long factors from position 24), a window on every layer
+        # fused qkv_proj / gate_up_proj and a window on every layer (Phi-3-mini-4k's shape; longrope is refused)
         "phi3": Phi3Config(**{**COMMON, "num_key_value_heads": 4}, num_hidden_layers=2, sliding_window=12,
-                           original_max_position_embeddings=24, tie_word_embeddings=False,
-                           rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(8)],
-                                         "long_factor": [1.5 + 0.25 * i for i in range(8)]}),
+                           tie_word_embeddings=False),
     }
 
 

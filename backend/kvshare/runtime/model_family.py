@@ -73,10 +73,11 @@ MOE_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_
 # The activations the MLP implements: silu(gate) * up, or gelu with the tanh approximation.
 ACTIVATIONS = frozenset({"silu", "gelu_pytorch_tanh"})
 # Rope variants with a position -> cos/sin table (rotary.py). dynamic is exact up to
-# max_position_embeddings, the limit kvshare serves anyway; longrope switches to its long factors
-# at original_max_position_embeddings per position (HF switches per forward; they agree token by
-# token while decoding, and for prompts that stay below it).
-ROPE_TYPES = frozenset({"default", "linear", "llama3", "dynamic", "yarn", "longrope"})
+# max_position_embeddings, the limit kvshare serves anyway. longrope (Phi-3's 128k checkpoints) is
+# refused: HF picks its short or long factors per forward call from the call's longest position, so
+# the keys a prompt gets depend on how it was chunked; kvshare has not settled which rule to serve,
+# and a per-position switch disagreed with HF on a tiny Phi-3 past the switch.
+ROPE_TYPES = frozenset({"default", "linear", "llama3", "dynamic", "yarn"})
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def _refuse_unhandled(hf, spec: FamilySpec) -> None:
         if getattr(hf, key, None):
             raise UnsupportedModel(f"{name}: config key '{key}' = {getattr(hf, key)} makes it a mixture-of-experts "
                                    "model: MoE blocks are not supported")
-    if getattr(hf, "quantization_config", None):
+    if _quantized(hf):
         raise UnsupportedModel(f"{name}: config key 'quantization_config' (quantized weights) is not supported yet")
     act = getattr(hf, spec.activation_key, None) or "silu"
     if act not in ACTIVATIONS:
@@ -215,3 +216,14 @@ def _rope(hf, spec: FamilySpec) -> tuple[tuple, tuple]:
     if "rope_theta" not in params:
         params["rope_theta"] = getattr(hf, "rope_theta", 10000.0)
     return _rope_items(params, spec.model_type), ()
+
+
+def _quantized(hf) -> bool:
+    """Whether the checkpoint's weights stay quantized: transformers marks a GGUF it loaded with a
+    gguf quantization_config although it has widened every tensor already (kvshare's CPU path reads
+    the file's own blocks separately), so only other methods (fp8, awq, gptq, ...) count."""
+    q = getattr(hf, "quantization_config", None)
+    if not q:
+        return False
+    method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)
+    return str(getattr(method, "value", method)).lower() != "gguf"
