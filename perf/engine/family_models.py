@@ -4,8 +4,7 @@ Each is built with transformers' own config class and ``AutoModelForCausalLM.fro
 fixed seed, its norm weights perturbed (HF initialises Gemma's to 0 and the others' to 1, which would
 hide a wrong ``(1 + w)``), and saved with SmolLM2's tokenizer (the loader wants one; prompts are
 token ids, all below the tiny vocabulary). Windows are small (8-12 tokens) so that prompts of a few
-pages cross them. Used by tests/backend/runtime/test_model_families_vs_hf.py (CPU, fp32) and
-perf/engine/family_parity.py (CUDA, bf16).
+pages cross them. Meant for the families' parity checks against HF transformers (CPU fp32, CUDA bf16).
 """
 from __future__ import annotations
 
