@@ -16,6 +16,9 @@ VOCAB = 384
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
               head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-6, initializer_range=0.1,
               bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# Gemma scales its embeddings by sqrt(hidden_size): at the others' 0.1 its tiny models saturate and
+# repeat one token whatever the prompt, which would hide a wrong forward.
+GEMMA = {**COMMON, "initializer_range": 0.04}
 WINDOW = 8
 
 
@@ -39,10 +42,10 @@ def tiny_configs() -> dict[str, object]:
                              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
                                               "original_max_position_embeddings": 64}),
         # sliding, full, sliding; both soft-caps; query_pre_attn_scalar unlike head_dim
-        "gemma2": Gemma2Config(**COMMON, num_hidden_layers=3, sliding_window=WINDOW, query_pre_attn_scalar=24,
+        "gemma2": Gemma2Config(**GEMMA, num_hidden_layers=3, sliding_window=WINDOW, query_pre_attn_scalar=24,
                                attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
         # local rope (rope_local_base_freq) on sliding layers, linear scaling on the full ones; q/k norms
-        "gemma3_text": Gemma3TextConfig(**COMMON, num_hidden_layers=4, sliding_window=WINDOW, sliding_window_pattern=2,
+        "gemma3_text": Gemma3TextConfig(**GEMMA, num_hidden_layers=4, sliding_window=WINDOW, sliding_window_pattern=2,
                                         query_pre_attn_scalar=12, rope_local_base_freq=100.0,
                                         rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_theta=10000.0),
         # fused qkv_proj / gate_up_proj and a window on every layer (Phi-3-mini-4k's shape; longrope is refused)
