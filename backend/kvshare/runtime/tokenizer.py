@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -30,6 +31,27 @@ def load_tokenizer(source: str | None = None):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     where, kwargs = hf_location(source or default_model_source())
     return AutoTokenizer.from_pretrained(where, **kwargs)
+
+
+def generation_eos_ids(where: str, kwargs: dict) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id (an int or a list: Llama 3's <|eot_id|>, Gemma's
+    <end_of_turn>), which HF's generate stops at; () without one (a GGUF, a bare directory)."""
+    if kwargs.get("gguf_file") or not (Path(where) / "generation_config.json").is_file():
+        return ()
+    eos = json.loads((Path(where) / "generation_config.json").read_text()).get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+
+
+def stop_token_ids(source: str | None, tokenizer) -> frozenset[int]:
+    """The ids that end generation for the model at source: the tokenizer's EOS and every id of
+    generation_config.json's eos_token_id (the set the engine stops at: ModelConfig.eos_token_ids)."""
+    where, kwargs = hf_location(source or default_model_source())
+    ids = set(generation_eos_ids(where, kwargs))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
 
 
 def encode_prompt(tokenizer, text: str, *, chat: bool) -> list[int]:

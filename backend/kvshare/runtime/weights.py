@@ -16,7 +16,7 @@ from kvshare_kernels import block_linear
 
 from .model_config import NAMED_CONFIGS, ModelConfig
 from .model_family import FAMILIES
-from .tokenizer import default_model_source, hf_location, load_tokenizer
+from .tokenizer import default_model_source, generation_eos_ids, hf_location, load_tokenizer
 
 log = logging.getLogger("kvshare.runtime")
 
@@ -107,19 +107,6 @@ def _from_hf_model(hf, dtype: torch.dtype, device: torch.device,
     embed = t(base + "embed_tokens.weight")
     lm_head = embed if config.tie_word_embeddings or "lm_head.weight" not in sd else t("lm_head.weight")
     return config, LlamaWeights(embed=embed, layers=tuple(layers), final_norm=norm(base + "norm.weight"), lm_head=lm_head)
-
-
-def generation_eos_ids(where: str, kwargs: dict) -> tuple[int, ...]:
-    """generation_config.json's eos_token_id (an int or a list: Llama 3's <|eot_id|>, Gemma's
-    <end_of_turn>), which HF's generate stops at; () without one (a GGUF, a bare directory)."""
-    if kwargs.get("gguf_file") or not (Path(where) / "generation_config.json").is_file():
-        return ()
-    import json
-
-    eos = json.loads((Path(where) / "generation_config.json").read_text()).get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
 
 
 def check_supported(where: str, kwargs: dict) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine.outputs import InvalidRequest
-from ..runtime.tokenizer import encode_prompt, load_tokenizer
+from ..runtime.tokenizer import encode_prompt, load_tokenizer, stop_token_ids
 from .inputs import Getter, batch_rows, text_prompts
 
 
@@ -56,7 +56,11 @@ class TextPrompter:
     def __init__(self, model_config_json: str):
         config = json.loads(model_config_json)
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.tokenizer = load_tokenizer(os.environ.get("KVSHARE_MODEL") or params.get("model") or None)
+        source = os.environ.get("KVSHARE_MODEL") or params.get("model") or None
+        self.tokenizer = load_tokenizer(source)
+        # the ids the engine stops at (tokenizer EOS + generation_config.json's list: Llama 3's
+        # <|eot_id|>, Gemma's <end_of_turn>, Qwen's <|im_end|>)
+        self.stop_ids = stop_token_ids(source, self.tokenizer)
         self.default_chat = params.get("apply_chat_template", "false").lower() == "true"
         self.limits = PromptLimits.from_settings(params)
         self.params = params

@@ -523,8 +523,7 @@ class VLLMTextModel:
         configure_logging()
         config = json.loads(args["model_config"])
         self.prompter = TextPrompter(args["model_config"])
-        tok = self.prompter.tokenizer
-        self.eos_ids = frozenset(() if tok.eos_token_id is None else (int(tok.eos_token_id),))
+        self.eos_ids = self.prompter.stop_ids
         self.output_names = frozenset(o["name"] for o in config["output"])
         self.pool = ThreadPoolExecutor(max_workers=int(self.prompter.params.get("max_streams", "1024")),
                                        thread_name_prefix="vllm-model")

@@ -219,3 +219,46 @@ def test_an_unsupported_folder_fails_at_engine_start(tmp_path):
     _config("mixtral").save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModel, match="mixtral"):
         LLMEngine(EngineConfig(model=str(tmp_path), num_pages=16))
+
+
+# ---- stop tokens and chat templates from the folder ------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "qwen3"])
+def test_generation_config_eos_list_stops_like_hf(folders, name, tmp_path):
+    """generation_config.json's eos_token_id list (Llama 3's <|eot_id|>, Gemma's <end_of_turn>) ends
+    generation in the engine where it ends HF's generate, and reaches the text models' stop set."""
+    import shutil
+
+    from kvshare.runtime.tokenizer import load_tokenizer, stop_token_ids
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    folder = Path(shutil.copytree(folders[name], tmp_path / name))
+    ids = family_models.prompt_ids(1, 10, seed=21)[0]
+    free = family_models.hf_greedy(hf_model(folders[name]), ids, NEW)
+    stop = free[4]                    # a token the model emits at step 4 (or earlier) becomes an EOS
+    GenerationConfig(eos_token_id=[family_models.COMMON["eos_token_id"], stop], pad_token_id=0).save_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        hf_out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=NEW, do_sample=False)[0, len(ids):].tolist()
+    eng = make_engine(folder)
+    assert stop in eng.eos_ids
+    got = run(eng, {"r": ids}, params=SamplingParams(max_tokens=NEW, temperature=0.0))["r"][0]
+    assert got == hf_out and got[-1] == stop and len(got) <= 5
+    assert stop_token_ids(str(folder), load_tokenizer(str(folder))) >= {stop, family_models.COMMON["eos_token_id"]}
+
+
+def test_chat_template_comes_from_the_folder(folders, tmp_path):
+    """apply_chat_template renders the folder's own template (tokenizer_config.json), not a default."""
+    import shutil
+
+    from kvshare.runtime.tokenizer import encode_prompt, load_tokenizer
+
+    folder = Path(shutil.copytree(folders["gemma2"], tmp_path / "gemma2"))
+    tokenizer = load_tokenizer(str(folder))
+    tokenizer.chat_template = ("{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"
+                               "<end_of_turn>\n{% endfor %}<start_of_turn>model\n")
+    tokenizer.save_pretrained(folder)
+    ids = encode_prompt(load_tokenizer(str(folder)), "hello", chat=True)
+    # (Jinja drops a template's one trailing newline, in HF as here)
+    assert tokenizer.decode(ids) == "<start_of_turn>user\nhello<end_of_turn>\n<start_of_turn>model"
