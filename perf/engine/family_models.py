@@ -22,11 +22,17 @@ GEMMA = {**COMMON, "initializer_range": 0.04}
 WINDOW = 8
 
 
-def tiny_configs() -> dict[str, object]:
-    """name -> a transformers config; each name's family (and the variant it exercises) in the name."""
+def tiny_configs(head_dim: int = 16, window: int = WINDOW) -> dict[str, object]:
+    """name -> a transformers config; each name's family (and the variant it exercises) in the name.
+    head_dim > 16 widens every model to 4 heads of it (the GPU kernels' real head sizes), window
+    sets the sliding window (Phi-3's is window + 4)."""
     from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
                               Qwen3Config)
 
+    COMMON = {**globals()["COMMON"], "hidden_size": 4 * head_dim, "intermediate_size": 6 * head_dim,
+              "head_dim": head_dim, "max_position_embeddings": max(128, 16 * window)}
+    GEMMA = {**COMMON, "initializer_range": globals()["GEMMA"]["initializer_range"]}
+    WINDOW = window
     return {
         # Llama 3's rope scaling and attention_bias (biases on q/k/v and o_proj)
         "llama": LlamaConfig(**COMMON, num_hidden_layers=2, attention_bias=True,
@@ -49,16 +55,17 @@ def tiny_configs() -> dict[str, object]:
                                         query_pre_attn_scalar=12, rope_local_base_freq=100.0,
                                         rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_theta=10000.0),
         # fused qkv_proj / gate_up_proj and a window on every layer (Phi-3-mini-4k's shape; longrope is refused)
-        "phi3": Phi3Config(**{**COMMON, "num_key_value_heads": 4}, num_hidden_layers=2, sliding_window=12,
+        "phi3": Phi3Config(**{**COMMON, "num_key_value_heads": 4}, num_hidden_layers=2, sliding_window=WINDOW + 4,
                            tie_word_embeddings=False),
     }
 
 
-def build(name: str, directory: Path, *, seed: int = 0, tokenizer=None) -> Path:
+def build(name: str, directory: Path, *, seed: int = 0, tokenizer=None, head_dim: int = 16,
+          window: int = WINDOW) -> Path:
     """Save tiny model ``name`` (and ``tokenizer``, when given) into directory/name; returns the folder."""
     from transformers import AutoModelForCausalLM
 
-    config = tiny_configs()[name]
+    config = tiny_configs(head_dim, window)[name]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed + 1)
