@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"kvshare": ROOT / "backend", "kvshare_kernels": ROOT / "kernels", "kvshare_client": ROOT / "client"}
+PACKAGES = {"kvshare": ROOT / "backend", "kvshare_kernels": ROOT / "kernels", "kvshare_client": ROOT / "client",
+            "kvshare_openai": ROOT / "openai_frontend"}
 
 # Layer of a module: its package, or for kvshare its first subpackage.
 ALLOWED: dict[str, frozenset[str]] = {
@@ -37,6 +38,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "launch": frozenset({"launch"}),
     "package": frozenset(),
     "client": frozenset({"client"}),
+    "openai": frozenset({"openai"}),
 }
 # Third-party modules a layer must not import at all.
 FORBIDDEN_EXTERNAL: dict[str, frozenset[str]] = {
@@ -47,6 +49,8 @@ FORBIDDEN_EXTERNAL: dict[str, frozenset[str]] = {
     "engine": frozenset({"triton_python_backend_utils"}),
     "launch": frozenset({"torch", "triton", "triton_python_backend_utils"}),
     "client": frozenset({"torch", "triton", "transformers", "triton_python_backend_utils"}),
+    # the OpenAI frontend loads only the tokenizer (transformers without torch) and talks gRPC
+    "openai": frozenset({"torch", "triton", "triton_python_backend_utils"}),
 }
 
 
@@ -90,6 +94,8 @@ def layer(module: str) -> str | None:
         return "kernels"
     if top == "kvshare_client":
         return "client"
+    if top == "kvshare_openai":
+        return "openai"
     if top == "kvshare":
         return rest.partition(".")[0] or "package"
     return None
