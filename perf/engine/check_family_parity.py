@@ -74,7 +74,15 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--families", default="", help="comma-separated tiny model names (default: all)")
+    ap.add_argument("--tokenizer", default=None, help="a tokenizer folder to save with the models (default: the "
+                                                      "embedded SmolLM2's; the GPU machine gets .carry/family-tokenizer)")
+    ap.add_argument("--save-tokenizer", default=None, help="only save the embedded tokenizer there (the carry) and exit")
     args = ap.parse_args()
+    if args.save_tokenizer:
+        from kvshare.runtime.tokenizer import load_tokenizer
+
+        load_tokenizer(None).save_pretrained(args.save_tokenizer)
+        return 0
     if not torch.cuda.is_available():
         print("check_family_parity: no CUDA device")
         return 2
@@ -82,7 +90,7 @@ def main() -> int:
     torch.backends.cudnn.allow_tf32 = False
     from kvshare.runtime.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(None)
+    tokenizer = load_tokenizer(args.tokenizer)
     names = [n for n in args.families.split(",") if n] or sorted(family_models.tiny_configs())
     rows, ok = [], True
     print(f"{'model':<12}{'hd':>4}{'win':>4}{'prompt':>7}  {'dtype':<9}{'same tokens':>12}{'max |dlogprob|':>16}  verdict")

@@ -322,10 +322,15 @@ SUITES: tuple[Suite, ...] = (
                    "--temperature", "1.0", "--step-profile")),
           minutes=9),
     Suite("checks",
-          "correctness on the GPU: forward parity with HF (fp32 exact, fp16/bf16 error), decode CUDA graphs vs "
+          "correctness on the GPU: forward parity with HF (fp32 exact, fp16/bf16 error), every model family "
+          "against HF on the same folder, decode CUDA graphs vs "
           "eager (same greedy tokens; step times), the GPU tests (runtime, overlap with graphs, fused and "
           "cascade kernels)",
           (Stage("parity", (PY, "perf/engine/check_forward_parity.py"), 150),
+           # every family (runtime/model_family.py) against HF on the same folder: fp32 exact, bf16, 8-bit pages
+           Stage("families", (PY, "perf/engine/check_family_parity.py", "--out", "{out}",
+                              "--tokenizer", ".carry/family-tokenizer"), 420,
+                 ("family_parity.json",)),
            Stage("graphs", (PY, "perf/engine/check_cuda_graphs.py"), 200),
            Stage("tests", (PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/backend/runtime",
                            "tests/backend/engine/test_overlap_schedule.py::test_overlap_with_cuda_graphs_is_identical",
@@ -333,7 +338,9 @@ SUITES: tuple[Suite, ...] = (
                            "tests/kernels/test_fused_forward.py", "tests/kernels/test_fused_silu.py",
                            "tests/kernels/test_cascade_forward.py", "tests/kernels/test_prefill_attention.py",
                            "tests/kernels/test_prefill_tiles.py"), 240)),
-          minutes=2.5),
+          minutes=5, carry=(".carry/family-tokenizer",),
+          note="the families stage saves SmolLM2's tokenizer (3 MB) with its models: make the carry here with "
+               "`python perf/engine/check_family_parity.py --save-tokenizer .carry/family-tokenizer`"),
     Suite("profile",
           "where a step's time goes: decode graph replay vs kernels at batch 64 and 256, fixed-256's prefill "
           "phase (host and kernels), shared-prefix cascade and mixed steps at 16x16 and 32x8, the mixed "

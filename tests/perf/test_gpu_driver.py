@@ -156,7 +156,8 @@ DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 # Result folders of CPU commands (not GPU suites): folder -> the command that writes it.
-CPU_RESULTS = {"soak": "python -m perf.load.soak", "cpu-decode-step": "python -m perf.engine.cpu_decode_step"}
+CPU_RESULTS = {"soak": "python -m perf.load.soak", "cpu-decode-step": "python -m perf.engine.cpu_decode_step",
+               "window-pages": "python perf/core/window_pages.py"}
 
 
 def test_results_are_per_suite_and_date_and_the_readme_points_at_the_latest():
