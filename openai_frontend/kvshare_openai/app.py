@@ -8,6 +8,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
@@ -120,12 +121,16 @@ def create_app(config: FrontendConfig, tokenizer: ModelTokenizer) -> FastAPI:
                 done()
             except ClientGone:
                 metrics.disconnect()
+            except asyncio.CancelledError:     # Starlette saw the client leave first
+                metrics.disconnect()
+                raise
             except ApiError as exc:       # after the 200: OpenAI's SDK raises on an error event
                 metrics.request(route, exc.status)
                 yield _sse(exc.body())
             finally:
                 metrics.leave()
-                await deltas.aclose()
+                with anyio.CancelScope(shield=True):     # Starlette cancels this task when the client leaves
+                    await deltas.aclose()
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -59,6 +59,19 @@ class Assembler:
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     # -- logprobs --------------------------------------------------------------------------------
+    def _covered(self, ids, lps, text: str, finish_reason: str | None):
+        """The tokens the text shows: a stop string is withheld from the text while its tokens were
+        generated, and OpenAI's logprobs list the tokens of the returned text."""
+        if finish_reason != "stop" or not self.spec.stop or not self.spec.logprobs:
+            return ids, lps
+        kept, at = 0, 0
+        for t in ids:
+            at += len(self._token_text(t))
+            if at > len(text):
+                break
+            kept += 1
+        return ids[:kept], lps[:kept]
+
     def _chat_logprobs(self, ids, lps) -> dict | None:
         if not self.spec.logprobs:
             return None
@@ -83,13 +96,13 @@ class Assembler:
         choices = []
         for i, c in enumerate(self._choices):
             text = "".join(c.text)
+            ids, lps = self._covered(c.token_ids, c.log_probs, text, c.finish_reason)
             if self.kind == CHAT:
                 choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": self._chat_logprobs(c.token_ids, c.log_probs),
-                                "finish_reason": c.finish_reason})
+                                "logprobs": self._chat_logprobs(ids, lps), "finish_reason": c.finish_reason})
             else:
                 choices.append({"index": i, "text": text,
-                                "logprobs": self._completion_logprobs(c.token_ids, c.log_probs, 0),
+                                "logprobs": self._completion_logprobs(ids, lps, 0),
                                 "finish_reason": c.finish_reason})
         return {"id": self.id, "object": "chat.completion" if self.kind == CHAT else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": self.usage(),
@@ -106,6 +119,7 @@ class Assembler:
     def chunks(self, d: Delta) -> list[dict]:
         """The chunks one delta becomes (add() it first)."""
         c = self._choices[d.index]
+        ids, lps = self._covered(d.token_ids, d.log_probs, d.text, d.finish_reason)
         out = []
         if self.kind == CHAT:
             if not c.started:
@@ -114,7 +128,7 @@ class Assembler:
                                          "logprobs": None, "finish_reason": None}]))
             if d.text or d.token_ids:
                 out.append(self._chunk([{"index": d.index, "delta": {"content": d.text},
-                                         "logprobs": self._chat_logprobs(d.token_ids, d.log_probs),
+                                         "logprobs": self._chat_logprobs(ids, lps),
                                          "finish_reason": None}]))
             if d.finish_reason:
                 out.append(self._chunk([{"index": d.index, "delta": {}, "logprobs": None,
@@ -122,7 +136,7 @@ class Assembler:
         elif d.text or d.token_ids or d.finish_reason:
             before = len("".join(c.text)) - len(d.text)
             out.append(self._chunk([{"index": d.index, "text": d.text,
-                                     "logprobs": self._completion_logprobs(d.token_ids, d.log_probs, before),
+                                     "logprobs": self._completion_logprobs(ids, lps, before),
                                      "finish_reason": c.finish_reason if d.finish_reason else None}]))
         return out
 

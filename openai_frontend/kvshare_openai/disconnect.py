@@ -8,8 +8,10 @@ gone), and the generation's pending step is cancelled when it comes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import AsyncIterator, TypeVar
 
+import anyio
 from starlette.requests import Request
 
 T = TypeVar("T")
@@ -30,6 +32,7 @@ async def until_disconnect(items: AsyncIterator[T], request: Request) -> AsyncIt
     """items, until the client leaves: then the pending step is cancelled (the generator's cleanup
     runs, cancelling its gRPC stream) and ClientGone is raised."""
     gone = asyncio.ensure_future(_disconnected(request))
+    step = None
     try:
         while True:
             step = asyncio.ensure_future(items.__anext__())
@@ -48,6 +51,13 @@ async def until_disconnect(items: AsyncIterator[T], request: Request) -> AsyncIt
             yield item
     finally:
         gone.cancel()
-        aclose = getattr(items, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        # Starlette cancels a streaming response's task through an anyio cancel scope, which would
+        # cancel these awaits too: the step must end (its gRPC call cancelled) before items closes.
+        with anyio.CancelScope(shield=True):
+            if step is not None and not step.done():
+                step.cancel()
+                with contextlib.suppress(BaseException):
+                    await step
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)         # not frozen: Starlette clears an exception's __traceback__
 class ApiError(Exception):
     """Raised anywhere below the routes; the app turns it into `{"error": {...}}` with `status`."""
     status: int
