@@ -329,7 +329,7 @@ SUITES: tuple[Suite, ...] = (
           (Stage("parity", (PY, "perf/engine/check_forward_parity.py"), 150),
            # every family (runtime/model_family.py) against HF on the same folder: fp32 exact, bf16, 8-bit pages
            Stage("families", (PY, "perf/engine/check_family_parity.py", "--out", "{out}",
-                              "--tokenizer", ".carry/family-tokenizer"), 420,
+                              "--tokenizer", ".carry/family-tokenizer"), 600,
                  ("family_parity.json",)),
            Stage("graphs", (PY, "perf/engine/check_cuda_graphs.py"), 200),
            Stage("tests", (PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/backend/runtime",

@@ -15,7 +15,7 @@ import torch
 from kvshare_kernels import block_linear
 
 from .model_config import NAMED_CONFIGS, ModelConfig
-from .model_family import FAMILIES
+from .model_family import FAMILIES, UnsupportedModel
 from .tokenizer import default_model_source, generation_eos_ids, hf_location, load_tokenizer
 
 log = logging.getLogger("kvshare.runtime")
@@ -109,11 +109,20 @@ def _from_hf_model(hf, dtype: torch.dtype, device: torch.device,
     return config, LlamaWeights(embed=embed, layers=tuple(layers), final_norm=norm(base + "norm.weight"), lm_head=lm_head)
 
 
-def check_supported(where: str, kwargs: dict) -> None:
-    """Refuse an unsupported family or config key (model_family.py) before loading any weight."""
+# The GPU kernels' largest head: at 256 (Gemma 2/3) the bf16 prefill tile overflows shared memory
+# and fp32 logprobs miss HF's by 0.1 (perf/engine/check_family_parity.py, H100, 2026-12-08).
+MAX_GPU_HEAD_DIM = 128
+
+
+def check_supported(where: str, kwargs: dict, device: torch.device = torch.device("cpu")) -> None:
+    """Refuse an unsupported family or config key (model_family.py), or a head the device's kernels
+    do not run, before loading any weight."""
     from transformers import AutoConfig
 
-    ModelConfig.from_hf(AutoConfig.from_pretrained(where, **kwargs))
+    config = ModelConfig.from_hf(AutoConfig.from_pretrained(where, **kwargs))
+    if device.type == "cuda" and config.head_dim > MAX_GPU_HEAD_DIM:
+        raise UnsupportedModel(f"{config.family}: head_dim {config.head_dim} is not supported on the GPU yet (the "
+                               f"kernels take head_dim <= {MAX_GPU_HEAD_DIM}); it runs on the CPU (device cpu)")
 
 
 def load_model(source: str | None = None, *, dtype: torch.dtype = torch.float32,
@@ -138,7 +147,7 @@ def load_model(source: str | None = None, *, dtype: torch.dtype = torch.float32,
 
     where, kwargs = hf_location(source)
     log.info("loading %s (dtype %s, device %s)", source, dtype, device)
-    check_supported(where, kwargs)
+    check_supported(where, kwargs, device)
     tokenizer = load_tokenizer(source)
     hf = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
     config, weights = _from_hf_model(hf, dtype, device, generation_eos_ids(where, kwargs))

@@ -265,3 +265,13 @@ def test_chat_template_comes_from_the_folder(folders, tmp_path):
     ids = encode_prompt(load_tokenizer(str(folder)), "hello", chat=True)
     # (Jinja drops a template's one trailing newline, in HF as here)
     assert tokenizer.decode(ids) == "<start_of_turn>user\nhello<end_of_turn>\n<start_of_turn>model"
+
+
+def test_a_head_the_gpu_kernels_do_not_run_is_refused_for_cuda(tmp_path):
+    """Gemma's real head_dim 256 runs on the CPU; on CUDA it is refused before any weight loads."""
+    from kvshare.runtime.weights import check_supported
+
+    _config("gemma2", head_dim=256).save_pretrained(tmp_path)
+    check_supported(str(tmp_path), {})
+    with pytest.raises(UnsupportedModel, match="head_dim 256 is not supported on the GPU"):
+        check_supported(str(tmp_path), {}, torch.device("cuda"))
