@@ -29,33 +29,32 @@ def tiny_configs(head_dim: int = 16, window: int = WINDOW) -> dict[str, object]:
     from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
                               Qwen3Config)
 
-    COMMON = {**globals()["COMMON"], "hidden_size": 4 * head_dim, "intermediate_size": 6 * head_dim,
-              "head_dim": head_dim, "max_position_embeddings": max(128, 16 * window)}
-    GEMMA = {**COMMON, "initializer_range": globals()["GEMMA"]["initializer_range"]}
-    WINDOW = window
+    common = {**COMMON, "hidden_size": 4 * head_dim, "intermediate_size": 6 * head_dim, "head_dim": head_dim,
+              "max_position_embeddings": max(128, 16 * window)}
+    gemma = {**common, "initializer_range": GEMMA["initializer_range"]}
     return {
         # Llama 3's rope scaling and attention_bias (biases on q/k/v and o_proj)
-        "llama": LlamaConfig(**COMMON, num_hidden_layers=2, attention_bias=True,
+        "llama": LlamaConfig(**common, num_hidden_layers=2, attention_bias=True,
                              rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0,
                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                               "original_max_position_embeddings": 32}),
-        "mistral": MistralConfig(**COMMON, num_hidden_layers=2, sliding_window=WINDOW),
+        "mistral": MistralConfig(**common, num_hidden_layers=2, sliding_window=window),
         # use_sliding_window from layer 1 on (max_window_layers 1): one full layer, two sliding
-        "qwen2": Qwen2Config(**COMMON, num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW,
+        "qwen2": Qwen2Config(**common, num_hidden_layers=3, use_sliding_window=True, sliding_window=window,
                              max_window_layers=1),
         # q/k norms and yarn rope
-        "qwen3": Qwen3Config(**COMMON, num_hidden_layers=2,
+        "qwen3": Qwen3Config(**common, num_hidden_layers=2,
                              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
                                               "original_max_position_embeddings": 64}),
         # sliding, full, sliding; both soft-caps; query_pre_attn_scalar unlike head_dim
-        "gemma2": Gemma2Config(**GEMMA, num_hidden_layers=3, sliding_window=WINDOW, query_pre_attn_scalar=24,
+        "gemma2": Gemma2Config(**gemma, num_hidden_layers=3, sliding_window=window, query_pre_attn_scalar=24,
                                attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
         # local rope (rope_local_base_freq) on sliding layers, linear scaling on the full ones; q/k norms
-        "gemma3_text": Gemma3TextConfig(**GEMMA, num_hidden_layers=4, sliding_window=WINDOW, sliding_window_pattern=2,
+        "gemma3_text": Gemma3TextConfig(**gemma, num_hidden_layers=4, sliding_window=window, sliding_window_pattern=2,
                                         query_pre_attn_scalar=12, rope_local_base_freq=100.0,
                                         rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_theta=10000.0),
         # fused qkv_proj / gate_up_proj and a window on every layer (Phi-3-mini-4k's shape; longrope is refused)
-        "phi3": Phi3Config(**{**COMMON, "num_key_value_heads": 4}, num_hidden_layers=2, sliding_window=WINDOW + 4,
+        "phi3": Phi3Config(**{**common, "num_key_value_heads": 4}, num_hidden_layers=2, sliding_window=window + 4,
                            tie_word_embeddings=False),
     }
 

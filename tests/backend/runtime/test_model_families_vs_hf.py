@@ -180,7 +180,6 @@ def test_8bit_pages_follow_the_familys_16bit_run(folders, name, kv_cache_dtype):
     if same < NEW:
         assert margins[same] < 2 * tol, f"step {same} flipped a lead of {margins[same]:.3f}"
     assert logprobs[:same] == pytest.approx(ref_logprobs[:same], abs=tol)
-    assert same >= 1 or margins[0] < 2 * tol
 
 
 # ---- refusals: at load, by name ---------------------------------------------------------------------------
